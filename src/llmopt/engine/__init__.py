@@ -1,0 +1,1 @@
+"""The engine layer: the only code that knows vLLM's flags and environment."""

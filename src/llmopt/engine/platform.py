@@ -1,0 +1,108 @@
+"""What the machine is, and the engine settings that matter on it.
+
+On CPU, vLLM by default reserves one core for its front end; on a two-core machine that leaves one
+core for the model, and decoding ran 1.6x faster with none reserved (shared/notes/engine-cpu.md).
+It also wants tcmalloc and Intel OpenMP preloaded. These are chosen here, from the machine, and
+recorded in every endpoint record and manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as std_platform
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TCMALLOC_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+    "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib64/libtcmalloc_minimal.so.4",
+)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The machine an engine runs or a model was built on."""
+
+    device: str  # "cpu" or "cuda"
+    cpu_model: str
+    cores: int
+    memory_gib: float
+    cpu_flags: tuple[str, ...]
+    gpu: str | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def detect() -> Hardware:
+    import psutil
+
+    flags, model = _cpu_info()
+    gpu = _gpu_name()
+    return Hardware(
+        device="cuda" if gpu else "cpu",
+        cpu_model=model,
+        cores=os.cpu_count() or 1,
+        memory_gib=round(psutil.virtual_memory().total / 2**30, 1),
+        cpu_flags=tuple(sorted(f for f in flags if f.startswith(("avx", "amx")))),
+        gpu=gpu,
+    )
+
+
+def _cpu_info() -> tuple[set[str], str]:
+    flags: set[str] = set()
+    model = std_platform.processor() or std_platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags" and not flags:
+                flags = set(value.split())
+            elif key.strip() == "model name":
+                model = value.strip()
+    return flags, model
+
+
+def _gpu_name() -> str | None:
+    if not Path("/dev/nvidia0").exists():
+        return None
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def preload_libraries() -> list[str]:
+    """tcmalloc (Debian's libtcmalloc-minimal4) and Intel OpenMP (the intel-openmp wheel), if present."""
+    libs = [next((p for p in TCMALLOC_CANDIDATES if Path(p).exists()), None)]
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    libs.append(str(iomp) if iomp.exists() else None)
+    return [lib for lib in libs if lib]
+
+
+def engine_env(hw: Hardware, kv_cache_gib: float, reserved_cpus: int | None) -> dict[str, str]:
+    """The environment variables vLLM needs on this machine."""
+    if hw.device != "cpu":
+        return {}
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": _num(kv_cache_gib),
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": str(default_reserved_cpus(hw) if reserved_cpus is None else reserved_cpus),
+    }
+    preload = preload_libraries()
+    if preload:
+        env["LD_PRELOAD"] = ":".join(preload)
+    return env
+
+
+def default_reserved_cpus(hw: Hardware) -> int:
+    """Reserve a core for the front end only when the machine has cores to spare."""
+    return 0 if hw.cores <= 4 else 1
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

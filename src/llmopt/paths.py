@@ -1,0 +1,42 @@
+"""Where llmopt keeps its state: one home folder, configurable, under the user's cache by default."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HOME_ENV = "LLMOPT_HOME"
+
+
+def home() -> Path:
+    """The llmopt home: $LLMOPT_HOME, else $XDG_CACHE_HOME/llmopt, else ~/.cache/llmopt."""
+    explicit = os.environ.get(HOME_ENV)
+    if explicit:
+        root = Path(explicit)
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = Path(cache) / "llmopt"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def models_dir() -> Path:
+    return _sub("models")
+
+
+def artifacts_dir() -> Path:
+    return _sub("artifacts")
+
+
+def logs_dir() -> Path:
+    return _sub("logs")
+
+
+def db_path() -> Path:
+    return home() / "llmopt.db"
+
+
+def _sub(name: str) -> Path:
+    path = home() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path

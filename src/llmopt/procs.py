@@ -1,0 +1,92 @@
+"""Background processes that outlive the command that started them: liveness and clean stops.
+
+A record stores a pid with the process's creation time, so a recycled pid is never mistaken for
+the engine or worker it once was.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+
+def create_time(pid: int) -> float:
+    return psutil.Process(pid).create_time()
+
+
+def is_alive(pid: int | None, created: float | None) -> bool:
+    """True if the process is running and is the same one that was recorded."""
+    if pid is None:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            _reap(pid)
+            return False
+        return created is None or abs(proc.create_time() - created) < 1.0
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop_group(pid: int, created: float | None, grace_s: float = 20.0) -> None:
+    """SIGTERM the process group led by pid, then SIGKILL whatever is left after the grace period.
+
+    Children (vLLM's engine core, a worker's engine) share the group because every background
+    process is started in a session of its own.
+    """
+    if not is_alive(pid, created):
+        return
+    family = _family(pid)
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not any(_running(p) for p in family):
+            return
+        time.sleep(0.2)
+    _signal_group(pid, signal.SIGKILL)
+    for proc in family:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+    _reap(pid)
+
+
+def _family(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            _reap(proc.pid)
+            return False
+        return True
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(os.getpgid(pid), sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of our own dead child, so it does not linger as a zombie."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

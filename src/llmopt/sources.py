@@ -1,0 +1,196 @@
+"""The model store: import models from HF folders, GGUF files or the catalogue, and resolve names.
+
+Every import is atomic: it is built in a temporary folder beside the store, checked, hashed and
+then renamed into place, and only then recorded. A failed import leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from llmopt import catalog, db, gguf, hashing, paths
+from llmopt.errors import LlmoptError
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+@dataclass
+class Model:
+    id: str
+    path: str
+    source: str
+    content_hash: str
+    architecture: str | None
+    size_bytes: int
+    imported_at: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def list_models() -> list[Model]:
+    with db.connect() as conn:
+        rows = conn.execute("SELECT * FROM models ORDER BY id").fetchall()
+    return [Model(**dict(r)) for r in rows]
+
+
+def get(model_id: str) -> Model | None:
+    with db.connect() as conn:
+        row = conn.execute("SELECT * FROM models WHERE id = ?", (model_id,)).fetchone()
+    return Model(**dict(row)) if row else None
+
+
+def remove(model_id: str) -> None:
+    model = get(model_id)
+    if model is None:
+        raise LlmoptError(f"no imported model named '{model_id}'", "see `llmopt models list`")
+    with db.connect() as conn:
+        conn.execute("DELETE FROM models WHERE id = ?", (model_id,))
+    shutil.rmtree(model.path, ignore_errors=True)
+
+
+def resolve(spec: str) -> Model:
+    """A model for a user's spec: an imported id, a catalogue id (imported on first use), or a path."""
+    existing = get(spec)
+    if existing is not None:
+        return existing
+    if catalog.is_catalog_id(spec) or not Path(spec).exists():
+        if not catalog.is_catalog_id(spec) and ("/" in spec or spec.endswith(".gguf")):
+            raise LlmoptError(f"model path '{spec}' does not exist", "check the path")
+        catalog.get(spec)  # raises the unknown-id error with the valid choices
+        return import_model(spec)
+    return import_model(spec)
+
+
+def import_model(spec: str, name: str | None = None) -> Model:
+    """Import a catalogue id, a Hugging Face folder or a GGUF file into the store."""
+    if catalog.is_catalog_id(spec):
+        model_id = name or spec
+        build = lambda tmp: _build_from_catalog(catalog.get(spec), tmp)  # noqa: E731
+        source = f"catalog:{spec}"
+    else:
+        path = Path(spec).expanduser().resolve()
+        if not path.exists():
+            if "/" not in spec and not spec.endswith(".gguf"):
+                catalog.get(spec)
+            raise LlmoptError(f"model path '{spec}' does not exist", "check the path")
+        model_id = name or _slug(path.stem if path.is_file() else path.name)
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise LlmoptError(
+                    f"'{spec}' is a file but not a .gguf", "pass a .gguf file or a Hugging Face model folder"
+                )
+            build = lambda tmp: gguf.to_hf_folder(path, tmp)  # noqa: E731
+            source = f"gguf:{path}"
+        else:
+            check_hf_folder(path)
+            build = lambda tmp: shutil.copytree(path, tmp, dirs_exist_ok=True)  # noqa: E731
+            source = f"hf:{path}"
+    if get(model_id) is not None:
+        raise LlmoptError(
+            f"a model named '{model_id}' is already imported", "pass --name NEW_NAME or `llmopt models remove` it"
+        )
+    return _atomic_import(model_id, source, build)
+
+
+def check_hf_folder(path: Path) -> dict:
+    """Refuse a folder that vLLM could not serve: no config, no weights, truncated weights."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise LlmoptError(
+            f"'{path}' is not a model folder: it has no config.json",
+            "pass a Hugging Face model folder (config.json, weights, tokenizer) or a .gguf file",
+        )
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise LlmoptError(f"'{config_file}' is not valid JSON ({exc})", "repair or re-export the model") from exc
+    weights = [p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()]
+    if not weights:
+        raise LlmoptError(
+            f"'{path}' is not a model folder: it has no .safetensors or .bin weights",
+            "pass a folder written by save_pretrained",
+        )
+    for weight in weights:
+        if weight.suffix == ".safetensors":
+            check_safetensors(weight)
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise LlmoptError(f"'{path}' has no tokenizer files", "save the tokenizer into the folder with save_pretrained")
+    return config
+
+
+def check_safetensors(path: Path) -> None:
+    """The header parses and the file is as long as the header says."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if header_len > size:
+                raise ValueError("header length beyond end of file")
+            header = json.loads(f.read(header_len))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError) as exc:
+        raise LlmoptError(f"'{path}' is not a valid safetensors file ({exc})", "re-export the weights") from exc
+    if 8 + header_len + end != size:
+        raise LlmoptError(
+            f"'{path}' is truncated or corrupt: expected {8 + header_len + end} bytes, found {size}",
+            "re-export or re-copy the weights",
+        )
+
+
+def _build_from_catalog(entry: catalog.CatalogModel, dest: Path) -> None:
+    files = entry.weight_files()
+    if len(files) == 1:
+        gguf.to_hf_folder(files[0], dest)
+        return
+    with tempfile.TemporaryDirectory(dir=paths.models_dir(), prefix=".gguf-") as scratch:
+        joined = gguf.concatenate(files, Path(scratch) / f"{entry.id}.gguf")
+        gguf.to_hf_folder(joined, dest)
+
+
+def _atomic_import(model_id: str, source: str, build) -> Model:
+    store = paths.models_dir()
+    final = store / model_id
+    if final.exists():
+        raise LlmoptError(
+            f"the store already has a folder for '{model_id}' ({final}) with no record",
+            f"remove {final} or import under another --name",
+        )
+    tmp = Path(tempfile.mkdtemp(dir=store, prefix=f".import-{model_id}-"))
+    try:
+        build(tmp)
+        config = check_hf_folder(tmp)
+        content_hash = hashing.folder_sha256(tmp)
+        size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+        tmp.chmod(0o755)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    model = Model(
+        id=model_id,
+        path=str(final),
+        source=source,
+        content_hash=content_hash,
+        architecture=(config.get("architectures") or [None])[0],
+        size_bytes=size,
+        imported_at=time.time(),
+    )
+    with db.connect() as conn:
+        conn.execute(
+            "INSERT INTO models VALUES (:id, :path, :source, :content_hash, :architecture, :size_bytes, :imported_at)",
+            model.to_dict(),
+        )
+    return model
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.") or "model"

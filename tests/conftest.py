@@ -1,0 +1,61 @@
+"""Shared fixtures: one llmopt home, one imported default model and one vLLM engine per session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Every test session gets a fresh llmopt home, set before llmopt is imported anywhere.
+os.environ["LLMOPT_HOME"] = tempfile.mkdtemp(prefix="llmopt-test-home-")
+
+import llmopt  # noqa: E402
+from llmopt import catalog, sources  # noqa: E402
+from llmopt.engine.config import EngineConfig  # noqa: E402
+
+SMALL_ENGINE = EngineConfig(max_model_len=2048, kv_cache_gib=1)
+
+
+@pytest.fixture(scope="session")
+def home() -> Path:
+    return Path(os.environ["LLMOPT_HOME"])
+
+
+@pytest.fixture(scope="session")
+def smol(home: Path) -> sources.Model:
+    """The packaged default model, imported from its GGUF once per session."""
+    return sources.resolve(catalog.DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def endpoint(smol: sources.Model):
+    """One real vLLM engine serving the default model for the whole session."""
+    with llmopt.deploy(smol.id, name="session", engine=SMALL_ENGINE) as ep:
+        yield ep
+
+
+def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run the real `llmopt` command in this session's home."""
+    return subprocess.run(
+        [sys.executable, "-c", "from llmopt.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ.copy(),
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> str:
+    """A refused command exits non-zero with one `error:` line naming the problem and the fix."""
+    assert result.returncode != 0, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    assert " -- " in line, f"no fix given: {line}"
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    return line
