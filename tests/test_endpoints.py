@@ -1,0 +1,103 @@
+"""Endpoints on the real engine: the OpenAI and SageMaker routes, records that tell the truth."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import httpx
+import pytest
+
+import llmopt
+from llmopt import client, endpoints, procs
+from llmopt.engine.config import EngineConfig
+from llmopt.errors import LlmoptError
+
+from conftest import assert_one_line_error, run_cli
+
+
+def test_chat_non_streaming(endpoint) -> None:
+    body = {"model": endpoint.served_name, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 24, "temperature": 0}
+    reply = httpx.post(f"{endpoint.url}/v1/chat/completions", json=body, timeout=60).json()
+    text = reply["choices"][0]["message"]["content"]
+    assert "Paris" in text, text
+    assert reply["usage"]["completion_tokens"] > 0
+
+
+def test_chat_streaming(endpoint) -> None:
+    result = client.chat(endpoint.url, endpoint.served_name, "Name a colour of the sky.", max_tokens=16)
+    assert result.text.strip()
+    assert 0 < result.completion_tokens <= 16
+    assert 0 < result.seconds_to_first_token <= result.seconds_total
+
+
+def test_completions_streaming(endpoint) -> None:
+    body = {"model": endpoint.served_name, "prompt": "1, 2, 3, 4,", "max_tokens": 8, "temperature": 0, "stream": True}
+    chunks = []
+    with httpx.stream("POST", f"{endpoint.url}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:])["choices"][0]["text"])
+    assert len(chunks) > 1 and "5" in "".join(chunks)
+
+
+def test_sagemaker_ping_and_invocations(endpoint) -> None:
+    assert httpx.get(f"{endpoint.url}/ping", timeout=10).status_code == 200
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+    reply = httpx.post(f"{endpoint.url}/invocations", json=body, timeout=60)
+    assert reply.status_code == 200
+    assert reply.json()["choices"][0]["message"]["content"]
+
+
+def test_record_and_cli_views(endpoint) -> None:
+    record = endpoints.get(endpoint.name)
+    assert record.status == endpoints.READY and record.ready_at and record.pid
+    env = json.loads(record.engine_env)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" in env
+    listed = run_cli("endpoints", "list")
+    assert listed.returncode == 0 and endpoint.name in listed.stdout and "READY" in listed.stdout
+    described = json.loads(run_cli("endpoints", "describe", endpoint.name).stdout)
+    assert described["port"] == endpoint.port
+    logs = run_cli("endpoints", "logs", endpoint.name)
+    assert "vllm.entrypoints.openai.api_server" in logs.stdout
+
+
+def test_port_in_use_is_refused(endpoint) -> None:
+    assert_one_line_error(run_cli("deploy", endpoint.model, "--port", str(endpoint.port)), f"port {endpoint.port}", "--port")
+    with pytest.raises(LlmoptError, match="already in use"):
+        llmopt.deploy(endpoint.model, port=endpoint.port)
+
+
+def test_engine_that_fails_to_start_is_reported(smol) -> None:
+    """An impossible engine setting: vLLM exits at once; the error carries its log, the record says FAILED."""
+    with pytest.raises(LlmoptError) as info:
+        llmopt.deploy(smol.id, name="doomed", engine=EngineConfig(max_model_len=1_000_000, kv_cache_gib=1), timeout_s=300)
+    assert "exited before it was ready" in info.value.problem
+    assert "max_model_len" in info.value.problem or "max-model-len" in info.value.problem  # vLLM's own reason
+    record = endpoints.get("doomed")
+    assert record.status == endpoints.FAILED and record.failure_reason
+
+
+def test_cli_deploy_returns_and_a_killed_engine_shows_failed(smol) -> None:
+    """`llmopt deploy` returns while the server keeps serving; killing it from outside is seen."""
+    deployed = run_cli("deploy", smol.id, "--name", "cli-ep", "--max-model-len", "1024", "--kv-cache-gib", "1")
+    assert deployed.returncode == 0, deployed.stderr
+    assert "ready at http://127.0.0.1:" in deployed.stdout
+    record = endpoints.get("cli-ep")
+    assert record.status == endpoints.READY
+    answer = client.chat(record.url, record.served_name, "Say yes.", max_tokens=4)
+    assert answer.completion_tokens > 0
+    os.killpg(os.getpgid(record.pid), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while procs.is_alive(record.pid, record.pid_create_time) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    record = endpoints.get("cli-ep")
+    assert record.status == endpoints.FAILED
+    assert "exited unexpectedly" in record.failure_reason
+    listed = run_cli("endpoints", "list", "--status", "failed")
+    assert "cli-ep" in listed.stdout
