@@ -9,7 +9,8 @@ from llmopt.endpoints import Endpoint
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.recipe import AWQ, FP8, Calibration, Compilation, DraftModel, KVCache, NGram, Recipe, Sharding, SmoothQuant
-from llmopt.sdk import deploy, import_model
+from llmopt.jobs.runner import Job
+from llmopt.sdk import deploy, export_command, import_model, optimize
 
 __version__ = "0.1.0"
 
@@ -20,6 +21,7 @@ __all__ = [
     "Compilation",
     "DraftModel",
     "Endpoint",
+    "Job",
     "EngineConfig",
     "KVCache",
     "LlmoptError",
@@ -28,5 +30,7 @@ __all__ = [
     "Sharding",
     "SmoothQuant",
     "deploy",
+    "export_command",
     "import_model",
+    "optimize",
 ]

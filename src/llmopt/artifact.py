@@ -35,6 +35,7 @@ class Manifest:
     created_at: float
     steps: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    references: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     root: Path | None = None  # where it was loaded from; not serialized
 

@@ -12,18 +12,24 @@ from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from llmopt import catalog, endpoints, paths, sdk, sources
+from llmopt import catalog, compatibility, endpoints, paths, sdk, sources
+from llmopt import recipe as recipes
+from llmopt.jobs import runner, store
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Optimize, evaluate and deploy LLMs on vLLM.")
 models_app = typer.Typer(no_args_is_help=True, help="The model store.")
 endpoints_app = typer.Typer(no_args_is_help=True, help="Running endpoints.")
+jobs_app = typer.Typer(no_args_is_help=True, help="Optimization jobs.")
+recipes_app = typer.Typer(no_args_is_help=True, help="Recipes and the compatibility matrix.")
 app.add_typer(models_app, name="models")
 app.add_typer(endpoints_app, name="endpoints")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(recipes_app, name="recipes")
 
 console = Console()
 err = Console(stderr=True)
@@ -146,6 +152,135 @@ def endpoints_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f
 def endpoints_stop(name: str) -> None:
     endpoint = endpoints.stop(name)
     console.print(f"{endpoint.name}: {endpoint.status}")
+
+
+# -- optimize and jobs --------------------------------------------------------------------------
+
+
+@app.command()
+def optimize(
+    model: str = typer.Option(catalog.DEFAULT_MODEL, "--model", "-m", help="Model id, catalogue id, HF folder or .gguf."),
+    recipe: str = typer.Option("baseline", "--recipe", "-r", help="Built-in recipe name or YAML/JSON file."),
+    quantize: Optional[str] = typer.Option(None, help="awq | smoothquant | fp8"),
+    kv_cache: Optional[str] = typer.Option(None, help="KV cache dtype: fp8 | fp8_e5m2"),
+    speculative: Optional[str] = typer.Option(None, help="ngram | draft | draft=ID_OR_PATH"),
+    compile: bool = typer.Option(False, "--compile", help="Ahead-of-time compile for the recipe's shapes."),
+    tensor_parallel: Optional[int] = typer.Option(None, help="Tensor-parallel degree."),
+    name: Optional[str] = typer.Option(None, help="Job name (default: generated)."),
+    output: Optional[Path] = typer.Option(None, help="Artifact folder (default: under the llmopt home)."),
+    force: bool = typer.Option(False, help="Rebuild even if an artifact with the same key exists."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job and exit non-zero unless it completes."),
+) -> None:
+    """Run a recipe on a model in a background job that writes an optimized artifact."""
+    chosen = recipes.load(recipe)
+    flags = recipes.flag_overrides(quantize, kv_cache, speculative, compile, tensor_parallel)
+    if flags:
+        chosen = chosen.merged(flags)
+    job = sdk.optimize(model, chosen, name=name, output=str(output) if output else None, force=force, wait=False)
+    for warning in job.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    if job.reused_from:
+        console.print(f"job [bold]{job.name}[/] reuses the artifact of job {job.reused_from} (same key; --force rebuilds)")
+    else:
+        console.print(f"job [bold]{job.name}[/] started; follow it with: llmopt jobs wait {job.name}")
+    if wait:
+        _follow_job(job.name)
+
+
+def _follow_job(name: str) -> None:
+    """Progress bars per step until the job ends; exit 1 unless it completed."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=err) as bar:
+        tasks: dict[str, int] = {}
+        while True:
+            record = store.get(name)
+            for step, state in record.steps.items():
+                if step not in tasks:
+                    tasks[step] = bar.add_task(step, total=1.0)
+                bar.update(tasks[step], completed=state.get("fraction", 0.0))
+            if record.status not in store.ACTIVE:
+                break
+            time.sleep(0.5)
+    if record.status != store.COMPLETED:
+        raise LlmoptError(f"job {name} ended {record.status}: {record.failure_reason or 'stopped'}", f"see `llmopt jobs logs {name}`")
+    console.print(f"job [bold]{name}[/] COMPLETED: artifact at {record.artifact}")
+
+
+@jobs_app.command("list")
+def jobs_list(
+    status: Optional[str] = typer.Option(None, help="Only this status."),
+    name_contains: Optional[str] = typer.Option(None, help="Only names containing this."),
+) -> None:
+    rows = [
+        [j.name, j.status, j.source, json.loads(j.recipe).get("name", "custom"), _when(j.created_at),
+         f"{j.ended_at - j.started_at:.1f}" if j.ended_at and j.started_at else "", j.failure_reason or j.artifact or ""]
+        for j in store.list_jobs(status, name_contains)
+    ]
+    _table("Jobs", ["name", "status", "source", "recipe", "created", "seconds", "artifact / reason"], rows)
+
+
+@jobs_app.command("describe")
+def jobs_describe(name: str) -> None:
+    console.print_json(json.dumps(store.get(name).to_dict()))
+
+
+@jobs_app.command("logs")
+def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f")) -> None:
+    path = Path(store.get(name).log_path)
+    if not path.exists():
+        return
+    if not follow:
+        sys.stdout.write(path.read_text(errors="replace"))
+        return
+    for line in endpoints.follow(path, lambda: store.get(name).status in store.ACTIVE):
+        sys.stdout.write(line)
+
+
+@jobs_app.command("stop")
+def jobs_stop(name: str) -> None:
+    console.print(f"{name}: {runner.stop(name).status}")
+
+
+@jobs_app.command("wait")
+def jobs_wait(name: str) -> None:
+    """Follow a job until it ends; exit non-zero unless it completed."""
+    _follow_job(name)
+
+
+@app.command("export-command")
+def export_command(
+    artifact_dir: Path = typer.Argument(..., help="Artifact folder."),
+    port: int = typer.Option(8000, help="Port in the command."),
+    host: str = typer.Option("127.0.0.1", help="Address in the command."),
+) -> None:
+    """Print the plain vLLM command that serves an artifact without llmopt."""
+    print(sdk.export_command(str(artifact_dir), host=host, port=port))
+
+
+@recipes_app.command("list")
+def recipes_list() -> None:
+    rows = [[name, ", ".join(recipes.parse(data).techniques()) or "(none: package as is)"] for name, data in recipes.BUILTIN.items()]
+    _table("Built-in recipes", ["name", "techniques"], rows)
+
+
+@recipes_app.command("show")
+def recipes_show(recipe: str) -> None:
+    """A recipe (built-in name or file) in full, with every default filled in, as YAML."""
+    print(recipes.load(recipe).to_yaml(), end="")
+
+
+@recipes_app.command("schema")
+def recipes_schema() -> None:
+    """The JSON schema of recipes: every section and knob."""
+    print(json.dumps(recipes.Recipe.model_json_schema(), indent=2))
+
+
+@recipes_app.command("matrix")
+def recipes_matrix() -> None:
+    """The compatibility matrix: technique x architecture x engine x hardware."""
+    rows = [[r["technique"], r["hardware"], ", ".join(r["architectures"]) if isinstance(r["architectures"], list) else r["architectures"],
+             r["status"], r.get("reason", "")] for r in compatibility.matrix()]
+    _table("Compatibility", ["technique", "hardware", "architectures", "status", "reason"], rows)
 
 
 # -- demo ---------------------------------------------------------------------------------------

@@ -74,7 +74,6 @@ class DraftModel(_Technique):
     method: Literal["draft_model"] = "draft_model"
     model: str = Field("recommended", description="'recommended', a catalogue id, an imported model or a folder.")
     num_speculative_tokens: int = Field(3, gt=0, le=16)
-    disable_above_batch: int | None = Field(None, gt=0, description="Switch speculation off above this batch size.")
 
     def __init__(self, model: str = "recommended", **data: Any) -> None:
         super().__init__(model=model, **data)
@@ -87,7 +86,6 @@ class NGram(_Technique):
     num_speculative_tokens: int = Field(4, gt=0, le=16)
     prompt_lookup_min: int = Field(2, gt=0)
     prompt_lookup_max: int = Field(4, gt=0)
-    disable_above_batch: int | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _window(self) -> "NGram":
@@ -124,12 +122,9 @@ class Recipe(_Technique):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":
-        if self.speculative and self.speculative.disable_above_batch and self.compilation:
-            if self.speculative.disable_above_batch > self.compilation.max_num_seqs:
-                raise ValueError(
-                    f"speculative.disable_above_batch ({self.speculative.disable_above_batch}) exceeds "
-                    f"compilation.max_num_seqs ({self.compilation.max_num_seqs}), so it would never apply"
-                )
+        """Techniques that contradict each other."""
+        if self.speculative and self.compilation and self.speculative.num_speculative_tokens >= self.compilation.max_model_len:
+            raise ValueError("speculative.num_speculative_tokens must be smaller than compilation.max_model_len")
         return self
 
     def techniques(self) -> list[str]:
@@ -233,3 +228,31 @@ def _valid_keys(loc: tuple) -> list[str]:
         if len(candidates) == 1:
             model = candidates[0]
     return sorted(model.model_fields)
+
+
+def flag_overrides(
+    quantize: str | None = None,
+    kv_cache: str | None = None,
+    speculative: str | None = None,
+    compile: bool = False,
+    tensor_parallel: int | None = None,
+) -> dict[str, Any]:
+    """Recipe sections for the command line's shortcut flags; each replaces its whole section."""
+    sections: dict[str, Any] = {}
+    if quantize:
+        sections["quantization"] = {"method": quantize}
+    if kv_cache:
+        sections["kv_cache"] = {"dtype": kv_cache}
+    if speculative:
+        if speculative == "ngram":
+            sections["speculative"] = {"method": "ngram"}
+        elif speculative.startswith("draft"):
+            _, _, model = speculative.partition("=")
+            sections["speculative"] = {"method": "draft_model", "model": model or "recommended"}
+        else:
+            raise LlmoptError(f"unknown --speculative value '{speculative}'", "use ngram, draft or draft=MODEL_ID_OR_PATH")
+    if compile:
+        sections["compilation"] = {}
+    if tensor_parallel:
+        sections["sharding"] = {"tensor_parallel_size": tensor_parallel}
+    return sections

@@ -32,6 +32,7 @@ class Hardware:
     memory_gib: float
     cpu_flags: tuple[str, ...]
     gpu: str | None
+    gpu_count: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,7 +42,7 @@ def detect() -> Hardware:
     import psutil
 
     flags, model = _cpu_info()
-    gpu = _gpu_name()
+    gpu, gpu_count = _gpus()
     return Hardware(
         device="cuda" if gpu else "cpu",
         cpu_model=model,
@@ -49,6 +50,7 @@ def detect() -> Hardware:
         memory_gib=round(psutil.virtual_memory().total / 2**30, 1),
         cpu_flags=tuple(sorted(f for f in flags if f.startswith(("avx", "amx")))),
         gpu=gpu,
+        gpu_count=gpu_count,
     )
 
 
@@ -66,15 +68,18 @@ def _cpu_info() -> tuple[set[str], str]:
     return flags, model
 
 
-def _gpu_name() -> str | None:
+def _gpus() -> tuple[str | None, int]:
+    """Name and count of CUDA devices; torch is asked only when a device node exists."""
     if not Path("/dev/nvidia0").exists():
-        return None
+        return None, 0
     try:
         import torch
 
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0), torch.cuda.device_count()
     except Exception:
-        return None
+        pass
+    return None, 0
 
 
 def preload_libraries() -> list[str]:

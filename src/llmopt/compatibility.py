@@ -1,0 +1,89 @@
+"""Check a recipe against the compatibility matrix (catalog/compatibility.yaml) before any work.
+
+Rules that depend only on technique, architecture and hardware are data; the few that need to
+look at the model or the machine are named by `check:` in the data and implemented here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from llmopt.engine.platform import Hardware
+from llmopt.errors import LlmoptError
+from llmopt.recipe import DraftModel, Recipe
+from llmopt.sources import Model
+
+MATRIX_FILE = Path(__file__).parent / "catalog" / "compatibility.yaml"
+
+
+@dataclass
+class Verdict:
+    refusals: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def raise_if_refused(self) -> None:
+        if self.refusals:
+            raise LlmoptError("recipe refused: " + "; ".join(self.refusals), "change the recipe as suggested")
+
+
+@cache
+def matrix() -> list[dict]:
+    return yaml.safe_load(MATRIX_FILE.read_text())
+
+
+def check(recipe: Recipe, target: Model, hardware: Hardware) -> Verdict:
+    """Every technique in the recipe against the matrix, for this model and machine."""
+    config = json.loads((Path(target.path) / "config.json").read_text())
+    architecture = (config.get("architectures") or ["unknown"])[0]
+    verdict = Verdict()
+    for technique in recipe.techniques():
+        rows = [r for r in matrix() if r["technique"] == technique and r["hardware"] in ("any", hardware.device)]
+        if not rows:
+            verdict.refusals.append(f"{technique} is not in the compatibility matrix for {hardware.device}")
+            continue
+        row = rows[0]
+        if row["architectures"] != "any" and architecture not in row["architectures"]:
+            verdict.refusals.append(
+                f"{technique} is not supported for {architecture} (supported: {', '.join(row['architectures'])})"
+            )
+            continue
+        status = row["status"]
+        if status in ("refused", "unavailable"):
+            verdict.refusals.append(f"{technique}: {row['reason']}" + (f"; instead: {row['instead']}" if row.get("instead") else ""))
+        elif status == "slow":
+            verdict.warnings.append(f"{technique}: {row['reason']}" + (f"; consider: {row['instead']}" if row.get("instead") else ""))
+        if row.get("check"):
+            CHECKS[row["check"]](recipe, target, config, hardware, verdict)
+    return verdict
+
+
+def _tensor_parallel_devices(recipe: Recipe, target: Model, config: dict, hardware: Hardware, verdict: Verdict) -> None:
+    degree = recipe.sharding.tensor_parallel_size if recipe.sharding else 1
+    devices = hardware.gpu_count if hardware.device == "cuda" else 1
+    heads = config.get("num_attention_heads")
+    if degree > devices:
+        verdict.refusals.append(
+            f"tensor_parallel_size {degree} needs {degree} {hardware.device} devices but this machine has {devices}; "
+            f"use tensor_parallel_size {devices}"
+        )
+    elif heads and heads % degree:
+        verdict.refusals.append(f"{heads} attention heads do not split over {degree} devices; use a degree that divides {heads}")
+
+
+def _draft_fits_target(recipe: Recipe, target: Model, config: dict, hardware: Hardware, verdict: Verdict) -> None:
+    from llmopt.techniques import speculative
+
+    assert isinstance(recipe.speculative, DraftModel)
+    speculative.check_draft(recipe.speculative, target, verdict)
+
+
+CHECKS: dict[str, Callable[[Recipe, Model, dict, Hardware, Verdict], None]] = {
+    "tensor_parallel_devices": _tensor_parallel_devices,
+    "draft_fits_target": _draft_fits_target,
+}

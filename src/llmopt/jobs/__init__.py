@@ -1,0 +1,1 @@
+"""Optimization jobs: records in SQLite (store) and background execution (runner, worker)."""
