@@ -45,7 +45,7 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=os.environ.copy(),
+        env={**os.environ, "COLUMNS": "250"},
     )
 
 

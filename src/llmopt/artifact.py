@@ -46,7 +46,7 @@ class Manifest:
     def engine_args(self) -> dict[str, object]:
         """The manifest's flags with paths inside the artifact made absolute for this location."""
         assert self.root is not None
-        return {k: _absolute(v, self.root) for k, v in self.engine["args"].items()}
+        return {k: absolute(v, self.root) for k, v in self.engine["args"].items()}
 
     def serving_spec(self):
         from llmopt.serving import ServingSpec
@@ -112,11 +112,12 @@ def relative(path: Path, root: Path) -> str:
     return RELATIVE_PREFIX + path.relative_to(root).as_posix()
 
 
-def _absolute(value: object, root: Path) -> object:
+def absolute(value: object, root: Path) -> object:
+    """An engine argument with artifact-relative paths resolved against `root`."""
     if isinstance(value, str) and value.startswith(RELATIVE_PREFIX):
         return str(root / value[len(RELATIVE_PREFIX):])
     if isinstance(value, dict):
-        return {k: _absolute(v, root) for k, v in value.items()}
+        return {k: absolute(v, root) for k, v in value.items()}
     return value
 
 

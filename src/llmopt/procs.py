@@ -56,6 +56,35 @@ def stop_group(pid: int, created: float | None, grace_s: float = 20.0) -> None:
     _reap(pid)
 
 
+def stop_tree(pid: int, created: float | None, grace_s: float = 20.0) -> None:
+    """Like stop_group, for a process that shares our group: signal it and its children only."""
+    if not is_alive(pid, created):
+        return
+    family = _family(pid)
+    for proc in family:
+        _signal_proc(proc, signal.SIGTERM)
+    gone, alive = psutil.wait_procs(family, timeout=grace_s)
+    for proc in alive:
+        _signal_proc(proc, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=10)
+    _reap(pid)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL whatever is left in a process group whose leader may already be gone."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_proc(proc: psutil.Process, sig: signal.Signals) -> None:
+    try:
+        proc.send_signal(sig)
+    except psutil.NoSuchProcess:
+        pass
+
+
 def _family(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)

@@ -153,8 +153,11 @@ class Recipe(_Technique):
         return json.dumps(self.to_dict(), indent=2)
 
     def merged(self, overrides: dict[str, Any]) -> "Recipe":
-        """A copy with whole sections replaced by `overrides` (flags win over the file)."""
-        return parse({**self.to_dict(), **overrides}, origin="flags")
+        """A copy with whole sections replaced by `overrides` (flags win over the file); the
+        result is no longer the named recipe, so it loses the name."""
+        data = {**self.to_dict(), **overrides}
+        data.pop("name", None)
+        return parse(data, origin="flags")
 
 
 BUILTIN: dict[str, dict[str, Any]] = {

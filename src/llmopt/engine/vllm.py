@@ -122,7 +122,10 @@ class ServerProcess:
         )
 
     def stop(self, grace_s: float = 20.0) -> None:
-        procs.stop_group(self.pid, self.create_time, grace_s)
+        if self.popen is not None and os.getpgid(0) == _pgid(self.pid):
+            procs.stop_tree(self.pid, self.create_time, grace_s)
+        else:
+            procs.stop_group(self.pid, self.create_time, grace_s)
         if self.popen is not None:
             try:
                 self.popen.wait(timeout=5)
@@ -131,8 +134,16 @@ class ServerProcess:
 
 
 def start_server(
-    model_path: str, args: dict[str, object], env: dict[str, str], log_path: Path, host: str, port: int
+    model_path: str,
+    args: dict[str, object],
+    env: dict[str, str],
+    log_path: Path,
+    host: str,
+    port: int,
+    own_session: bool = True,
 ) -> ServerProcess:
+    """Start the server. With `own_session=False` it stays in the caller's process group, so
+    stopping the caller (a job's worker) stops the engine too."""
     argv = server_argv(model_path, args, host, port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
@@ -144,9 +155,16 @@ def start_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},
-            start_new_session=True,
+            start_new_session=own_session,
         )
     return ServerProcess(popen.pid, procs.create_time(popen.pid), host, port, log_path, popen)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -95,7 +95,7 @@ def create(model: str, recipe: Recipe, name: str | None = None, output: str | Pa
         if previous is not None:
             now = time.time()
             store.update(name, status=store.COMPLETED, artifact=previous.artifact, started_at=now, ended_at=now,
-                         output_dir=previous.artifact, progress=json.dumps({"reused": {"status": "done", "fraction": 1.0, "from": previous.name}}))
+                         progress=json.dumps({"reused": {"status": "done", "fraction": 1.0, "from": previous.name}}))
             return Job(name, verdict.warnings, reused_from=previous.name)
         _spawn(name, log_path)
         return Job(name, verdict.warnings)

@@ -119,7 +119,8 @@ def list_jobs(status: str | None = None, name_contains: str | None = None) -> li
 def find_completed(key: str) -> JobRecord | None:
     with db.connect() as conn:
         rows = conn.execute(
-            "SELECT name FROM jobs WHERE artifact_key = ? AND status = ? ORDER BY ended_at DESC", (key, COMPLETED)
+            "SELECT name FROM jobs WHERE artifact_key = ? AND status = ? AND artifact = output_dir ORDER BY ended_at DESC",
+            (key, COMPLETED),
         ).fetchall()
     from llmopt import artifact
 
@@ -142,6 +143,8 @@ def _reconcile(record: JobRecord) -> JobRecord:
     else:
         reason = f"worker process {record.pid} died without finishing; see {record.log_path}"
     status = STOPPED if record.status == STOPPING else FAILED
+    if record.pid is not None:
+        procs.kill_group(record.pid)  # an engine the dead worker started shares its group
     if record.workdir is not None:
         shutil.rmtree(record.workdir, ignore_errors=True)
     update(record.name, status=status, failure_reason=None if status == STOPPED else reason, ended_at=time.time())

@@ -38,11 +38,12 @@ class Step:
 
 
 def plan(recipe: Recipe) -> list[Step]:
-    from llmopt.techniques import package, settings, speculative
+    from llmopt.techniques import measure, package, settings, speculative
 
     steps = [Step("weights", package.copy_weights)]
     if recipe.kv_cache or recipe.sharding:
         steps.append(Step("engine-settings", settings.apply))
     if recipe.speculative:
         steps.append(Step("speculative", speculative.apply))
+    steps.append(Step("measure", measure.run))
     return steps

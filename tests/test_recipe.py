@@ -1,0 +1,89 @@
+"""Recipes as data: round trips, validation messages, flags merging, and the matrix's refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmopt import compatibility, recipe
+from llmopt.engine.platform import Hardware
+from llmopt.errors import LlmoptError
+from llmopt.recipe import AWQ, FP8, Compilation, DraftModel, KVCache, NGram, Recipe, Sharding, SmoothQuant
+
+CPU = Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=(), gpu=None, gpu_count=0)
+
+FULL = Recipe(
+    quantization=AWQ(group_size=64, symmetric=True),
+    kv_cache=KVCache(dtype="fp8"),
+    speculative=DraftModel("qwen2.5-coder-0.5b-instruct", num_speculative_tokens=4),
+    compilation=Compilation(max_num_seqs=8),
+    sharding=Sharding(tensor_parallel_size=1),
+)
+
+
+@pytest.mark.parametrize("value", [FULL, Recipe(), Recipe(quantization=SmoothQuant(alpha=0.5)), Recipe(quantization=FP8(scheme="dynamic")), Recipe(speculative=NGram(prompt_lookup_max=6))])
+def test_round_trip_yaml_and_json(value: Recipe, tmp_path: Path) -> None:
+    for suffix in (".yaml", ".json"):
+        path = tmp_path / f"r{suffix}"
+        recipe.save(value, path)
+        assert recipe.load(str(path)) == value
+
+
+def test_builtins_parse_and_name_their_techniques() -> None:
+    assert recipe.load("baseline").techniques() == []
+    assert recipe.load("ngram").techniques() == ["speculative.ngram"]
+    assert recipe.load("fp8-block").techniques() == ["quantization.fp8.block"]
+    assert FULL.techniques() == ["quantization.awq", "kv_cache.fp8", "speculative.draft_model", "compilation"]
+
+
+def test_unknown_key_lists_valid_keys() -> None:
+    with pytest.raises(LlmoptError) as info:
+        recipe.parse({"quantization": {"method": "awq", "groupsize": 64}})
+    assert "unknown key 'groupsize'" in str(info.value) and "group_size" in str(info.value)
+    with pytest.raises(LlmoptError, match="valid keys: compilation, kv_cache, name, quantization, sharding, speculative"):
+        recipe.parse({"quantisation": {}})
+
+
+def test_unknown_values_list_valid_values() -> None:
+    with pytest.raises(LlmoptError, match="'awq', 'smoothquant', 'fp8'"):
+        recipe.parse({"quantization": {"method": "gguf"}})
+    with pytest.raises(LlmoptError, match="'auto', 'fp8' or 'fp8_e5m2'"):
+        recipe.parse({"kv_cache": {"dtype": "int2"}})
+
+
+def test_contradictions_are_refused() -> None:
+    with pytest.raises(LlmoptError, match="prompt_lookup_min"):
+        recipe.parse({"speculative": {"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}})
+    with pytest.raises(LlmoptError, match="num_speculative_tokens must be smaller"):
+        recipe.parse({"speculative": {"method": "ngram", "num_speculative_tokens": 8}, "compilation": {"max_model_len": 8}})
+
+
+def test_flags_replace_sections_and_drop_the_name(tmp_path: Path) -> None:
+    base = recipe.load("ngram")
+    merged = base.merged(recipe.flag_overrides(kv_cache="fp8", speculative="draft=my-draft"))
+    assert merged.name is None
+    assert merged.kv_cache == KVCache(dtype="fp8")
+    assert merged.speculative == DraftModel("my-draft")
+    with pytest.raises(LlmoptError, match="unknown --speculative"):
+        recipe.flag_overrides(speculative="eagle9")
+
+
+def test_bad_recipe_file_is_one_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("quantization: [unclosed")
+    with pytest.raises(LlmoptError, match="cannot parse"):
+        recipe.load(str(bad))
+    with pytest.raises(LlmoptError, match="no recipe file or built-in recipe named 'nope'"):
+        recipe.load("nope")
+
+
+def test_matrix_file_is_complete() -> None:
+    """Every technique a recipe can name has a row, so nothing falls through unchecked."""
+    techniques = {row["technique"] for row in compatibility.matrix()}
+    every = set(FULL.techniques()) | {"quantization.smoothquant", "quantization.fp8.block", "quantization.fp8.dynamic",
+                                      "kv_cache.fp8_e5m2", "speculative.ngram", "sharding.tensor_parallel"}
+    assert every <= techniques
+    assert all(row["status"] in ("supported", "slow", "refused", "unavailable") for row in compatibility.matrix())
+    assert all(row.get("check") in (None, *compatibility.CHECKS) for row in compatibility.matrix())
