@@ -38,6 +38,14 @@ def endpoint(smol: sources.Model):
         yield ep
 
 
+@pytest.fixture(scope="session")
+def baseline(smol: sources.Model) -> "llmopt.Job":
+    """The baseline recipe's artifact, built (and measured) once per session."""
+    job = llmopt.optimize(smol.id, "baseline", name="baseline-job")
+    assert job.status == "COMPLETED", job.record.failure_reason
+    return job
+
+
 def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """Run the real `llmopt` command in this session's home."""
     return subprocess.run(

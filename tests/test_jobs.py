@@ -25,13 +25,6 @@ from llmopt.recipe import AWQ, Compilation, DraftModel, KVCache, Recipe, Shardin
 from conftest import assert_one_line_error, run_cli
 
 
-@pytest.fixture(scope="module")
-def baseline(smol: sources.Model) -> llmopt.Job:
-    job = llmopt.optimize(smol.id, "baseline", name="baseline-job")
-    assert job.status == store.COMPLETED, job.record.failure_reason
-    return job
-
-
 def _wait_for_step(name: str, step: str, timeout_s: float = 120) -> store.JobRecord:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -316,7 +316,7 @@ def evaluate(
     seed: int = typer.Option(0, help="Workload sampling seed."),
 ) -> None:
     """Load-test at several concurrency levels and report latency, throughput, price and quality."""
-    from llmopt.evaluate import report
+    from llmopt.evaluation import report
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True) as bar:

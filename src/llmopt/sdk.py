@@ -89,7 +89,7 @@ def evaluate(
     """Load-test one target (an endpoint, a URL, or a model/artifact deployed for the run), or
     compare several models/artifacts deployed in turn; returns the results and writes
     OUTPUT/results.json and OUTPUT/report.html when `output` is given."""
-    from llmopt.evaluate import benchmark, metrics, pricing
+    from llmopt.evaluation import benchmark, metrics, pricing
 
     chosen = [(v, k) for v, k in ((endpoint, "endpoint"), (url, "url"), (model, "model")) if v]
     if compare:

@@ -7,7 +7,7 @@ import time
 
 from llmopt import artifact, corpus, paths
 from llmopt.engine import vllm
-from llmopt.evaluate import quality
+from llmopt.evaluation import quality
 from llmopt.techniques import BuildContext
 
 MEASURE_SERVED_NAME = "artifact-under-test"

@@ -18,8 +18,8 @@ import httpx
 
 from llmopt import corpus, endpoints, sdk
 from llmopt.errors import LlmoptError
-from llmopt.evaluate import loadgen, metrics, pricing, quality, report, workload as workloads
-from llmopt.evaluate.tokens import TokenCounter
+from llmopt.evaluation import loadgen, metrics, pricing, quality, report, workload as workloads
+from llmopt.evaluation.tokens import TokenCounter
 
 SCHEMA = "llmopt.evaluation/v1"
 Events = Callable[..., None]
@@ -82,7 +82,8 @@ def deploy_target(spec: str, events: Events) -> Target:
     events("deploying", target=spec)
     endpoint = sdk.deploy(spec)
     events("deployed", target=spec, seconds=endpoint.seconds_to_ready)
-    return Target(spec, "deployed", endpoint.url, endpoint.served_name, endpoint.model_path,
+    label = Path(spec).name if Path(spec).exists() else spec
+    return Target(label, "deployed", endpoint.url, endpoint.served_name, endpoint.model_path,
                   {"args": json.loads(endpoint.engine_args), "env": json.loads(endpoint.engine_env),
                    "seconds_to_ready": endpoint.seconds_to_ready}, deployed=endpoint)
 

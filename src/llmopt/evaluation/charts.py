@@ -29,13 +29,13 @@ def _fmt(value: float) -> str:
 
 
 def line_chart(title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]],
-               categorical_x: bool = False, step: bool = False) -> str:
+               categorical_x: bool = False, step: bool = False, y_top: float | None = None) -> str:
     """One line per series. With categorical_x the x values are spaced evenly (concurrency levels)."""
     points = [p for values in series.values() for p in values if p[1] is not None]
     if not points:
         return f'<svg width="{WIDTH}" height="{HEIGHT}" role="img"><text x="20" y="40">{escape(title)}: no data</text></svg>'
     xs = sorted({p[0] for p in points})
-    y_ticks = _nice_ticks(0.0, max(p[1] for p in points) * 1.05)
+    y_ticks = _nice_ticks(0.0, y_top if y_top is not None else max(p[1] for p in points) * 1.05)
     y_max = y_ticks[-1]
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     if categorical_x:
@@ -85,4 +85,4 @@ def cdf_chart(title: str, xlabel: str, series: dict[str, list[float]]) -> str:
         n = len(ordered)
         if n:
             lines[label] = [(v, (i + 1) / n * 100) for i, v in enumerate(ordered)]
-    return line_chart(title, xlabel, "% of samples ≤ x", lines, step=True)
+    return line_chart(title, xlabel, "% of samples ≤ x", lines, step=True, y_top=100)

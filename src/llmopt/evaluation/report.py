@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.evaluate import charts, quality
+from llmopt.evaluation import charts, quality
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.html"
 
@@ -144,7 +144,7 @@ table {{ border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; }}
 th {{ background: #f3f3f3; }} td:first-child, th:first-child {{ text-align: left; }}
 .charts {{ display: flex; flex-wrap: wrap; gap: 12px; }} .meta {{ color: #555; font-size: 13px; }}
-.warn {{ color: #b00; }}
+.warn {{ color: #b00; }} .wide {{ overflow-x: auto; }}
 </style></head><body>
 <h1>llmopt evaluation</h1>
 <p class="meta">{escape(created)} · workload <b>{escape(str(workload.get('name')))}</b> ({workload.get('requests')} requests, temperature {workload.get('temperature')}, seed {workload.get('seed')})
@@ -175,7 +175,8 @@ def _level_table(target: dict) -> str:
                  f"{spec['acceptance_rate']:.2f} (mean length {spec['mean_accepted_length']:.2f})" if spec else "")
         rows.append("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>")
     aborted = f'<p class="warn">Aborted: {escape(target["aborted"])}</p>' if target.get("aborted") else ""
-    return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>" + aborted)
+    return ('<div class="wide"><table><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows)
+            + "</table></div>" + aborted)
 
 
 def _triple(s: dict | None) -> str:

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from llmopt.evaluate import engine_metrics, pricing, quality
-from llmopt.evaluate.loadgen import LevelRun
-from llmopt.evaluate.tokens import TokenCounter
+from llmopt.evaluation import engine_metrics, pricing, quality
+from llmopt.evaluation.loadgen import LevelRun
+from llmopt.evaluation.tokens import TokenCounter
 
 PERCENTILES = (50, 90, 99)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from llmopt.evaluate import engine_metrics
-from llmopt.evaluate.workload import Request, Workload
+from llmopt.evaluation import engine_metrics
+from llmopt.evaluation.workload import Request, Workload
 
 DEFAULT_TIMEOUT_S = 300.0
 

@@ -1,0 +1,47 @@
+"""A stub OpenAI-compatible streaming server that answers as fast as it can: it measures the
+load generator itself (and lets tests kill a server mid-run without an engine)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from aiohttp import web
+
+
+def make_app(tokens_per_request: int, delay_s: float) -> web.Application:
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "stub", "object": "model", "root": None}]})
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        count = int(body.get("max_tokens") or tokens_per_request)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": " tok"}}]}).encode() + b"\n\n"
+        for _ in range(count):
+            await response.write(chunk)
+            if delay_s:
+                await asyncio.sleep(delay_s)
+        usage = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": count}}
+        await response.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tokens", type=int, default=1000)
+    parser.add_argument("--delay", type=float, default=0.0)
+    args = parser.parse_args()
+    web.run_app(make_app(args.tokens, args.delay), host="127.0.0.1", port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Evaluate end to end: a sweep against the real engine, a comparison of two deployments, the HTML
+report in headless Chromium, and the failure paths (bad data, unreachable or dying servers)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import llmopt
+from llmopt.engine.vllm import free_port
+from llmopt.errors import LlmoptError
+
+from conftest import assert_one_line_error, run_cli
+
+SCREENSHOTS = Path(__file__).parent / "screenshots"
+
+
+def test_sweep_against_the_real_engine(endpoint, tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    result = run_cli("evaluate", "--endpoint", endpoint.name, "--concurrency", "1,2", "--requests", "4",
+                     "--output", str(out), "--price-per-hour", "1.0", "--discount", "0.2", "--ttft-target", "5000")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "TTFT" in result.stdout and "results:" in result.stdout
+    data = json.loads((out / "results.json").read_text())
+    assert data["schema"] == "llmopt.evaluation/v1"
+    assert data["workload"]["name"] == "builtin-qa" and data["workload"]["seed"] == 0 and data["workload"]["temperature"] == 0
+    assert data["price"]["effective_price_per_hour"] == pytest.approx(0.8)
+    (target,) = data["targets"]
+    assert [lvl["concurrency"] for lvl in target["levels"]] == [1, 2]
+    for lvl in target["levels"]:
+        assert lvl["invocations"] == 4 and lvl["invocation_errors"] == 0 and lvl["tokenizer_failures"] == 0
+        assert 0 < lvl["ttft_ms"]["p50"] <= lvl["latency_ms"]["p50"]
+        assert lvl["itl_ms"]["p50"] > 0 and lvl["tpot_ms"]["p90"] > 0
+        assert lvl["output_tokens_per_s"] > 0 and lvl["input_tokens_per_s"] > lvl["output_tokens_per_s"]
+        assert 500 <= lvl["per_request"]["input_tokens"]["min"] and lvl["per_request"]["input_tokens"]["max"] <= 1000
+        # the tokenizer's prompt counts agree with the server's own
+        assert lvl["server_counted_tokens"]["input"] == round(lvl["per_request"]["input_tokens"]["mean"] * 4)
+        blended = 0.8 / ((lvl["input_tokens_per_s"] + lvl["output_tokens_per_s"]) * 3600 / 1e6) / 4
+        assert lvl["price"]["blended_per_million_tokens"] == pytest.approx(blended)
+        assert lvl["accuracy"]["answered"] == 4
+        assert lvl["speculative"] is None
+    assert 5 < target["quality"]["perplexity"]["perplexity"] < 100
+    assert len(target["quality"]["greedy_tokens"]) == 4
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "Time to first token" in html
+    assert "<script" not in html and "<link" not in html and "src=" not in html  # reads offline
+    _screenshot(out / "report.html", "single")
+
+
+def test_compare_two_deployments(smol, baseline, tmp_path: Path) -> None:
+    out = tmp_path / "compare"
+    results = llmopt.evaluate(compare=[smol.id, str(baseline.artifact)], dataset="synthetic:64,16", concurrency=[1],
+                              requests=4, output=out)
+    assert [t["kind"] for t in results["targets"]] == ["deployed", "deployed"]
+    row = results["comparison"]["targets"][0]
+    assert row["reference"] == smol.id and row["label"] == baseline.artifact.name
+    assert row["levels"][0]["output_tokens_per_s"] > 0
+    assert row["perplexity_ratio"] == pytest.approx(1.0, abs=0.01)  # same weights, same engine
+    assert row["greedy_agreement"]["token_agreement"] > 0.9
+    for target in results["targets"]:
+        assert target["levels"][0]["per_request"]["output_tokens"]["mean"] == pytest.approx(16, abs=1)  # ignore_eos
+    assert "Ratios to" in (out / "report.html").read_text()
+    _screenshot(out / "report.html", "compare")
+
+
+def test_jsonl_with_malformed_lines(endpoint, tmp_path: Path) -> None:
+    data = tmp_path / "mine.jsonl"
+    data.write_text("\n".join([
+        json.dumps({"prompt": "What is the capital of France?", "max_tokens": 8, "expected": "Paris"}),
+        "{not json",
+        json.dumps({"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4}),
+        json.dumps({"nothing": 1}),
+    ]))
+    results = llmopt.evaluate(endpoint=endpoint.name, dataset=str(data), concurrency=[1], requests=2, quality=False)
+    assert results["workload"]["skipped_lines"] == {"count": 2, "line_numbers": [2, 4]}
+    assert results["targets"][0]["levels"][0]["invocation_errors"] == 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{broken\n[]\n")
+    assert_one_line_error(run_cli("evaluate", "--endpoint", endpoint.name, "--dataset", str(bad)), "no valid line")
+
+
+def test_unreachable_endpoint_is_a_clear_error() -> None:
+    assert_one_line_error(run_cli("evaluate", "--url", f"http://127.0.0.1:{free_port()}"), "cannot reach")
+
+
+@pytest.fixture()
+def stub():
+    """A real HTTP server that streams slowly (10 tokens/s), so it can die or time out mid-run."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "llmopt.evaluation.stub", "--port", str(port), "--delay", "0.1"])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(f"{url}/v1/models", timeout=1)
+            break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    yield url, proc
+    proc.kill()
+    proc.wait()
+
+
+def test_endpoint_dying_mid_run_saves_partial_results(stub, tmp_path: Path) -> None:
+    url, proc = stub
+    jsonl = tmp_path / "long.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "go", "max_tokens": 30}) + "\n")
+    out = tmp_path / "partial"
+    cli = subprocess.Popen([sys.executable, "-c", "from llmopt.cli import main; main()", "evaluate", "--url", url,
+                            "--dataset", str(jsonl), "--concurrency", "2", "--requests", "40", "--output", str(out),
+                            "--no-quality"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # warm-up (3 s) and some measured requests
+    proc.kill()
+    stdout, stderr = cli.communicate(timeout=120)
+    assert cli.returncode == 1
+    assert "stopped answering" in stderr and "partial results were saved" in stderr
+    level = json.loads((out / "results.json").read_text())["targets"][0]["levels"][0]
+    assert level["aborted"] and level["invocation_errors"] >= 1 and level["invocations"] < 40
+    assert level["invocations"] - level["invocation_errors"] >= 1  # what finished before the death is kept
+
+
+def test_requests_that_time_out_are_errors(stub, tmp_path: Path) -> None:
+    url, _ = stub
+    jsonl = tmp_path / "slow.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "go", "max_tokens": 50}) + "\n")  # 5 s at 10 tokens/s
+    results = llmopt.evaluate(url=url, dataset=str(jsonl), concurrency=[2], requests=2, timeout_s=1, quality=False)
+    level = results["targets"][0]["levels"][0]
+    assert level["invocation_errors"] == 2 and level["errors"] == {"timeout after 1 s": 2}
+
+
+def test_bad_arguments_are_refused(endpoint) -> None:
+    assert_one_line_error(run_cli("evaluate", "--endpoint", endpoint.name, "--concurrency", "1,x"), "bad --concurrency")
+    assert_one_line_error(run_cli("evaluate", "--endpoint", endpoint.name, "--hardware", "nope"), "unknown hardware profile")
+    assert_one_line_error(run_cli("evaluate", "--endpoint", endpoint.name, "--dataset", "nope"), "unknown dataset")
+    assert_one_line_error(run_cli("evaluate"), "name what to evaluate")
+    with pytest.raises(LlmoptError, match="outside"):
+        llmopt.evaluate(endpoint=endpoint.name, discount=1.5)
+
+
+def _screenshot(html: Path, name: str) -> None:
+    """Render the report in headless Chromium; the PNG is kept for a person to look at."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (scripts/install.sh --with-test-tools installs it)")
+    SCREENSHOTS.mkdir(exist_ok=True)
+    png = SCREENSHOTS / f"report-{name}.png"
+    png.unlink(missing_ok=True)
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={html.parent / 'chromium-profile'}", "--window-size=1400,2000",
+                    f"--screenshot={png}", html.as_uri()], capture_output=True, timeout=120)
+    assert png.exists() and png.stat().st_size > 20_000, "Chromium did not render the report"
