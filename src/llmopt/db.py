@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS endpoints (
     engine_env TEXT NOT NULL,
     started_at REAL NOT NULL,
     ready_at REAL,
-    stopped_at REAL
+    stopped_at REAL,
+    verification TEXT
 );
 CREATE TABLE IF NOT EXISTS jobs (
     name TEXT PRIMARY KEY,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from llmopt import db, paths, procs
+from llmopt.engine import metrics as engine_metrics
 from llmopt.engine import vllm
 from llmopt.errors import LlmoptError
 from llmopt.serving import ServingSpec
@@ -41,6 +42,7 @@ class Endpoint:
     started_at: float
     ready_at: float | None
     stopped_at: float | None
+    verification: str | None = None  # JSON: what was proven after start (e.g. speculation running)
 
     @property
     def url(self) -> str:
@@ -68,6 +70,7 @@ class Endpoint:
         data = asdict(self)
         data["engine_args"] = json.loads(self.engine_args)
         data["engine_env"] = json.loads(self.engine_env)
+        data["verification"] = json.loads(self.verification) if self.verification else None
         data["url"] = self.url
         return data
 
@@ -110,14 +113,23 @@ def deploy(
     _insert(endpoint)
     try:
         server.wait_ready(timeout_s)
+        verification = _verify(endpoint)
     except BaseException as exc:
         reason = exc.problem.splitlines()[0] if isinstance(exc, LlmoptError) else f"interrupted ({type(exc).__name__})"
         server.stop()
         _update(name, status=FAILED, failure_reason=reason, stopped_at=time.time())
         raise
     endpoint.status, endpoint.ready_at = READY, time.time()
-    _update(name, status=READY, ready_at=endpoint.ready_at)
+    endpoint.verification = json.dumps(verification)
+    _update(name, status=READY, ready_at=endpoint.ready_at, verification=endpoint.verification)
     return endpoint
+
+
+def _verify(endpoint: Endpoint) -> dict:
+    """Prove what the configuration promises; today that is speculative decoding actually running."""
+    if "speculative-config" not in json.loads(endpoint.engine_args):
+        return {}
+    return {"speculative": engine_metrics.verify_speculation(endpoint.url, endpoint.served_name)}
 
 
 def get(name: str) -> Endpoint:

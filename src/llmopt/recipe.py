@@ -74,6 +74,9 @@ class DraftModel(_Technique):
     method: Literal["draft_model"] = "draft_model"
     model: str = Field("recommended", description="'recommended', a catalogue id, an imported model or a folder.")
     num_speculative_tokens: int = Field(3, gt=0, le=16)
+    disable_above_batch: int | None = Field(
+        None, gt=0, description="Propose no drafts when more sequences than this are batched (speculation stops paying)."
+    )
 
     def __init__(self, model: str = "recommended", **data: Any) -> None:
         super().__init__(model=model, **data)
@@ -86,6 +89,9 @@ class NGram(_Technique):
     num_speculative_tokens: int = Field(4, gt=0, le=16)
     prompt_lookup_min: int = Field(2, gt=0)
     prompt_lookup_max: int = Field(4, gt=0)
+    disable_above_batch: int | None = Field(
+        None, gt=0, description="Propose no drafts when more sequences than this are batched (speculation stops paying)."
+    )
 
     @model_validator(mode="after")
     def _window(self) -> "NGram":

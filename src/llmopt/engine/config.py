@@ -26,6 +26,7 @@ class EngineConfig(BaseModel):
     reserved_cpus: int | None = Field(
         None, ge=0, description="Cores vLLM reserves for its front end on CPU; unset: chosen from the machine."
     )
+    preload: bool = Field(True, description="Preload tcmalloc and Intel OpenMP on CPU (LD_PRELOAD).")
     tensor_parallel_size: int = Field(1, gt=0, description="Devices to shard the model over.")
     speculative_config: dict[str, Any] | None = Field(None, description="vLLM's --speculative-config.")
     compilation_config: dict[str, Any] | None = Field(None, description="vLLM's --compilation-config.")
@@ -52,4 +53,4 @@ class EngineConfig(BaseModel):
         return args
 
     def to_env(self, hw: platform.Hardware) -> dict[str, str]:
-        return platform.engine_env(hw, self.kv_cache_gib, self.reserved_cpus)
+        return platform.engine_env(hw, self.kv_cache_gib, self.reserved_cpus, self.preload)

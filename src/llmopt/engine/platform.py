@@ -90,17 +90,17 @@ def preload_libraries() -> list[str]:
     return [lib for lib in libs if lib]
 
 
-def engine_env(hw: Hardware, kv_cache_gib: float, reserved_cpus: int | None) -> dict[str, str]:
+def engine_env(hw: Hardware, kv_cache_gib: int, reserved_cpus: int | None, preload: bool = True) -> dict[str, str]:
     """The environment variables vLLM needs on this machine."""
     if hw.device != "cpu":
         return {}
     env = {
-        "VLLM_CPU_KVCACHE_SPACE": _num(kv_cache_gib),
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": str(default_reserved_cpus(hw) if reserved_cpus is None else reserved_cpus),
     }
-    preload = preload_libraries()
-    if preload:
-        env["LD_PRELOAD"] = ":".join(preload)
+    libraries = preload_libraries() if preload else []
+    if libraries:
+        env["LD_PRELOAD"] = ":".join(libraries)
     return env
 
 
@@ -109,5 +109,3 @@ def default_reserved_cpus(hw: Hardware) -> int:
     return 0 if hw.cores <= 4 else 1
 
 
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)

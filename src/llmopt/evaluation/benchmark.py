@@ -105,7 +105,7 @@ def run(targets: list[tuple[str, str]], spec: EvaluationSpec, price: pricing.Har
         try:
             counter = TokenCounter.from_path(target.tokenizer_path) if target.tokenizer_path else None
             if work is None:
-                count = max(spec.requests or 64, max(spec.concurrency))
+                count = max(spec.requests or 64, max(spec.concurrency)) + max(spec.concurrency)  # + warm-up
                 work = workloads.load(spec.dataset, seed=spec.seed, count=count,
                                       tokenizer=counter.tokenizer if counter else None)
                 results["workload"] = work.describe()

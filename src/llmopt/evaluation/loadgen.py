@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from llmopt.evaluation import engine_metrics
+from llmopt.engine import metrics as engine_metrics
 from llmopt.evaluation.workload import Request, Workload
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -114,6 +114,14 @@ async def _send(session: aiohttp.ClientSession, url: str, body: dict, index: int
     return record
 
 
+async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    try:
+        async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as response:
+            return engine_metrics.parse(await response.text()) if response.status == 200 else {}
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return {}
+
+
 async def _reachable(session: aiohttp.ClientSession, url: str) -> bool:
     try:
         async with session.get(f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as response:
@@ -131,9 +139,10 @@ async def run_level(url: str, model: str, workload: Workload, concurrency: int, 
         if warmup:
             await asyncio.gather(*(_send(session, url, request_body(model, r, workload), -1, settings.timeout_s)
                                    for r in workload.take(warmup)))
-        before = await engine_metrics.scrape(session, url)
+        before = await _scrape(session, url)
         count = settings.requests_per_level if settings.duration_s is None else None
-        plan = workload.take(count if count is not None else max(len(workload.requests), concurrency))
+        # measured requests start after the warm-up's, so warm-up does not pre-fill their prefix cache
+        plan = workload.take(count if count is not None else max(len(workload.requests), concurrency), start=warmup)
         next_index = 0
         records: list[RequestRecord] = []
         aborted: str | None = None
@@ -159,6 +168,6 @@ async def run_level(url: str, model: str, workload: Workload, concurrency: int, 
 
         await asyncio.gather(*(user() for _ in range(concurrency)))
         ended = max((r.ended for r in records), default=time.perf_counter())
-        after = await engine_metrics.scrape(session, url) if aborted is None else {}
+        after = await _scrape(session, url) if aborted is None else {}
     records.sort(key=lambda r: r.index)
     return LevelRun(concurrency, records, plan, started, ended, aborted, engine_metrics.delta(before, after))

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from llmopt.evaluation import engine_metrics, pricing, quality
+from llmopt.engine import metrics as engine_metrics
+from llmopt.evaluation import pricing, quality
 from llmopt.evaluation.loadgen import LevelRun
 from llmopt.evaluation.tokens import TokenCounter
 

@@ -47,11 +47,11 @@ class Workload:
             **self.notes,
         }
 
-    def take(self, count: int) -> list[Request]:
-        """`count` requests, cycling through the workload when it is shorter."""
+    def take(self, count: int, start: int = 0) -> list[Request]:
+        """`count` requests from `start` on, cycling through the workload when it is shorter."""
         if not self.requests:
             raise LlmoptError(f"workload '{self.name}' has no requests", "use a dataset with at least one valid line")
-        return [self.requests[i % len(self.requests)] for i in range(count)]
+        return [self.requests[(start + i) % len(self.requests)] for i in range(count)]
 
 
 def load(spec: str, seed: int = 0, count: int = 256, tokenizer: Any = None) -> Workload:
@@ -146,7 +146,8 @@ def synthetic(input_len: int, output_len: int, tokenizer: Any, seed: int = 0, co
     if input_len <= 0 or output_len <= 0:
         raise LlmoptError("synthetic lengths must be positive", "e.g. synthetic:256,128")
     rng = random.Random(seed)
-    vocab = [t for t, i in tokenizer.get_vocab().items() if t.isalpha() and len(t) > 2 and i not in tokenizer.all_special_ids]
+    # sorted: the tokenizer's vocabulary dict has no stable order, and the same seed must give the same prompts
+    vocab = sorted(t for t, i in tokenizer.get_vocab().items() if t.isalpha() and len(t) > 2 and i not in tokenizer.all_special_ids)
     requests = []
     for _ in range(count):
         ids = tokenizer(" ".join(rng.choice(vocab) for _ in range(input_len * 2)), add_special_tokens=False).input_ids[:input_len]

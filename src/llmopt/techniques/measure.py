@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from llmopt import artifact, corpus, paths
+from llmopt.engine import metrics as engine_metrics
 from llmopt.engine import vllm
 from llmopt.evaluation import quality
 from llmopt.techniques import BuildContext
@@ -33,6 +34,9 @@ def run(ctx: BuildContext) -> None:
         ctx.metrics["perplexity"] = ppl.to_dict()
         ctx.progress(0.85)
         ctx.metrics["greedy_tokens"] = quality.greedy_tokens(server.url, MEASURE_SERVED_NAME)
+        if ctx.engine.speculative_config:
+            ctx.metrics["speculative"] = engine_metrics.verify_speculation(server.url, MEASURE_SERVED_NAME)
+            ctx.log.info("speculation verified: %s", ctx.metrics["speculative"])
         ctx.log.info("measured: ready in %.1f s, perplexity %.3f over %d tokens",
                      ctx.metrics["ready_seconds"], ppl.perplexity, ppl.tokens)
     finally:

@@ -12,6 +12,7 @@ from llmopt.recipe import DraftModel, NGram
 from llmopt.techniques import BuildContext
 
 DRAFT_DIR = "draft"
+MAX_BATCH = 65536  # the end of the last range of a speculation schedule; vLLM caps it at max_num_seqs
 
 
 def catalog_id(model: sources.Model) -> str | None:
@@ -65,8 +66,8 @@ def check_draft(spec: DraftModel, target: sources.Model, verdict) -> None:
         )
 
 
-def apply(ctx: BuildContext) -> None:
-    spec = ctx.recipe.speculative
+def engine_config(spec: DraftModel | NGram, draft_path: str | None = None) -> dict[str, object]:
+    """vLLM's --speculative-config for a recipe's speculative section."""
     if isinstance(spec, NGram):
         config: dict[str, object] = {
             "method": "ngram",
@@ -75,16 +76,26 @@ def apply(ctx: BuildContext) -> None:
             "prompt_lookup_max": spec.prompt_lookup_max,
         }
     else:
-        assert isinstance(spec, DraftModel)
+        config = {"method": "draft_model", "model": draft_path, "num_speculative_tokens": spec.num_speculative_tokens}
+    if spec.disable_above_batch:
+        # vLLM's dynamic speculative decoding: k tokens up to the batch size, none above it.
+        config["num_speculative_tokens_per_batch_size"] = [
+            [1, spec.disable_above_batch, spec.num_speculative_tokens],
+            [spec.disable_above_batch + 1, MAX_BATCH, 0],
+        ]
+    return config
+
+
+def apply(ctx: BuildContext) -> None:
+    spec = ctx.recipe.speculative
+    draft_path = None
+    if isinstance(spec, DraftModel):
         draft = resolve_draft(spec, ctx.source)
         dest = ctx.workdir / DRAFT_DIR
         shutil.copytree(draft.path, dest)
         ctx.references["draft"] = {"model": draft.id, "content_hash": draft.content_hash, "path": DRAFT_DIR}
-        config = {
-            "method": "draft_model",
-            "model": artifact.relative(dest, ctx.workdir),
-            "num_speculative_tokens": spec.num_speculative_tokens,
-        }
+        draft_path = artifact.relative(dest, ctx.workdir)
+    config = engine_config(spec, draft_path)
     ctx.engine = ctx.engine.model_copy(update={"speculative_config": config})
     ctx.log.info("speculative config: %s", config)
     ctx.progress(1.0)

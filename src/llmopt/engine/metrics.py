@@ -1,0 +1,80 @@
+"""vLLM's Prometheus counters (`/metrics`), and the proof that speculative decoding is running.
+
+A deployment configured for speculation that proposes no drafts is an error, not a warning: the
+SageMaker toolkit's users found speculation silently off, and llmopt checks it every time.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from llmopt.errors import LlmoptError
+
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+# A prompt whose answer repeats text from the prompt, so that even n-gram lookup finds drafts.
+PROBE_PROMPT = ("Copy this list exactly, twice: red apple, green pear, yellow lemon, purple plum, orange peach, "
+                "red apple, green pear, yellow lemon, purple plum, orange peach.")
+
+
+def parse(text: str) -> dict[str, float]:
+    """Sum every sample of the counters we use, across their label sets."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
+        if name in SPEC_COUNTERS:
+            try:
+                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return totals
+
+
+def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def speculative(counters: dict[str, float]) -> dict[str, float] | None:
+    """Acceptance rate = accepted / draft tokens; mean accepted length = 1 + accepted / drafts."""
+    drafts = counters.get("vllm:spec_decode_num_drafts", 0.0)
+    draft_tokens = counters.get("vllm:spec_decode_num_draft_tokens", 0.0)
+    accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0.0)
+    if not drafts or not draft_tokens:
+        return None
+    return {
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / draft_tokens,
+        "mean_accepted_length": 1 + accepted / drafts,
+    }
+
+
+def scrape(url: str) -> dict[str, float]:
+    response = httpx.get(f"{url}/metrics", timeout=10)
+    response.raise_for_status()
+    return parse(response.text)
+
+
+def verify_speculation(url: str, served_name: str) -> dict[str, float]:
+    """Send a probe request and require the engine to have proposed and accepted drafts for it."""
+    before = scrape(url)
+    body = {"model": served_name, "messages": [{"role": "user", "content": PROBE_PROMPT}], "max_tokens": 64, "temperature": 0}
+    httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).raise_for_status()
+    stats = speculative(delta(before, scrape(url)))
+    if stats is None:
+        raise LlmoptError(
+            "speculative decoding is configured but the engine proposed no drafts for a probe request",
+            "check the engine log; redeploy without speculation if this engine cannot run it",
+        )
+    if stats["accepted_tokens"] <= 0:
+        raise LlmoptError(
+            f"speculative decoding proposed {stats['draft_tokens']:.0f} draft tokens and accepted none",
+            "the draft does not match the target; use the recommended draft or ngram",
+        )
+    return stats
