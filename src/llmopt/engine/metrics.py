@@ -15,9 +15,10 @@ SPEC_COUNTERS = (
     "vllm:spec_decode_num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens",
 )
-# A prompt whose answer repeats text from the prompt, so that even n-gram lookup finds drafts.
-PROBE_PROMPT = ("Copy this list exactly, twice: red apple, green pear, yellow lemon, purple plum, orange peach, "
-                "red apple, green pear, yellow lemon, purple plum, orange peach.")
+# A raw-text prompt whose continuation repeats the prompt, so that even n-gram lookup (and any
+# draft model) proposes drafts that the target accepts. Sent as a completion, not a chat, so a
+# chat model's habit of answering in prose cannot get in the way.
+PROBE_PROMPT = "red apple, green pear, yellow lemon, purple plum, orange peach; " * 3 + "red apple,"
 
 
 def parse(text: str) -> dict[str, float]:
@@ -64,8 +65,8 @@ def scrape(url: str) -> dict[str, float]:
 def verify_speculation(url: str, served_name: str) -> dict[str, float]:
     """Send a probe request and require the engine to have proposed and accepted drafts for it."""
     before = scrape(url)
-    body = {"model": served_name, "messages": [{"role": "user", "content": PROBE_PROMPT}], "max_tokens": 64, "temperature": 0}
-    httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).raise_for_status()
+    body = {"model": served_name, "prompt": PROBE_PROMPT, "max_tokens": 48, "temperature": 0}
+    httpx.post(f"{url}/v1/completions", json=body, timeout=300).raise_for_status()
     stats = speculative(delta(before, scrape(url)))
     if stats is None:
         raise LlmoptError(

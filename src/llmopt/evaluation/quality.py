@@ -73,3 +73,36 @@ def is_correct(answer: str, expected: str) -> bool:
         return " ".join(re.sub(r"[^a-z0-9 ]+", " ", s.lower()).split())
 
     return norm(expected) in norm(answer)
+
+
+TIE_LOGPROB_GAP = 0.15  # about one bf16 step at the logit magnitudes of these models (0.125 at 16-32)
+
+
+def divergences(url: str, model: str, tokenizer, base: list[list[int]], other: list[list[int]],
+                prompts: tuple[str, ...] = GREEDY_PROMPTS) -> list[dict]:
+    """Where two greedy outputs first part, and whether the base model saw a tie there.
+
+    bf16 greedy decoding is not bit-stable across batch shapes (speculation verifies several
+    tokens in one forward pass): two candidates whose logits are equal in bf16 can be ordered
+    either way. A divergence is a tie when the base model's log-probabilities of the two tokens
+    differ by at most TIE_LOGPROB_GAP; anything larger is a real difference.
+    """
+    found = []
+    with httpx.Client(timeout=120) as client:
+        for prompt, x, y in zip(prompts, base, other):
+            position = next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None)
+            if position is None:
+                continue
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                tokenize=False)
+            prefix = tokenizer(ids, add_special_tokens=False).input_ids + x[:position]
+            body = {"model": model, "prompt": prefix, "max_tokens": 1, "temperature": 0, "logprobs": 20,
+                    "return_tokens_as_token_ids": True}
+            response = client.post(f"{url}/v1/completions", json=body)
+            response.raise_for_status()
+            top = response.json()["choices"][0]["logprobs"]["top_logprobs"][0]
+            by_id = {int(k.split(":", 1)[1]): v for k, v in top.items()}
+            gap = (by_id[x[position]] - by_id[y[position]]) if x[position] in by_id and y[position] in by_id else None
+            found.append({"prompt": prompt, "position": position, "base_token": x[position], "other_token": y[position],
+                          "logprob_gap": gap, "tie": gap is not None and abs(gap) <= TIE_LOGPROB_GAP})
+    return found
