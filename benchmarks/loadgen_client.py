@@ -9,15 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
-
-from llmopt.engine.vllm import free_port
-from llmopt.evaluation import loadgen
+from llmopt.evaluation import loadgen, stub
 from llmopt.evaluation.workload import Request, Workload
 
 TOKENS_PER_REQUEST = 2000
@@ -26,16 +20,8 @@ TARGET = 20_000
 
 
 def main() -> None:
-    port = free_port()
-    stub = subprocess.Popen([sys.executable, "-m", "llmopt.evaluation.stub", "--port", str(port), "--tokens", str(TOKENS_PER_REQUEST)])
-    url = f"http://127.0.0.1:{port}"
+    url, server = stub.start(tokens=TOKENS_PER_REQUEST)
     try:
-        for _ in range(100):
-            try:
-                httpx.get(f"{url}/v1/models", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
         work = Workload("stub", [Request(({"role": "user", "content": "hi"},), TOKENS_PER_REQUEST)])
         rows = []
         for concurrency in (1, 8, 32):
@@ -46,8 +32,8 @@ def main() -> None:
                          "streamed_tokens": chunks, "seconds": round(run.duration, 3),
                          "tokens_per_s": round(chunks / run.duration)})
     finally:
-        stub.terminate()
-        stub.wait(10)
+        server.terminate()
+        server.wait(10)
     print(f"{'concurrency':>11} {'requests':>8} {'errors':>6} {'tokens':>8} {'seconds':>8} {'tokens/s':>9}")
     for row in rows:
         print(f"{row['concurrency']:>11} {row['requests']:>8} {row['errors']:>6} {row['streamed_tokens']:>8} {row['seconds']:>8} {row['tokens_per_s']:>9}")

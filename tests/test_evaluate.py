@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 import llmopt
 from llmopt.engine.vllm import free_port
 from llmopt.errors import LlmoptError
+from llmopt.evaluation import stub as stub_server
 
 from conftest import assert_one_line_error, run_cli
 
@@ -93,15 +93,7 @@ def test_unreachable_endpoint_is_a_clear_error() -> None:
 @pytest.fixture()
 def stub():
     """A real HTTP server that streams slowly (10 tokens/s), so it can die or time out mid-run."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "llmopt.evaluation.stub", "--port", str(port), "--delay", "0.1"])
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(f"{url}/v1/models", timeout=1)
-            break
-        except httpx.TransportError:
-            time.sleep(0.1)
+    url, proc = stub_server.start(delay_s=0.1)
     yield url, proc
     proc.kill()
     proc.wait()

@@ -139,12 +139,17 @@ def endpoints_describe(name: str) -> None:
 
 @endpoints_app.command("logs")
 def endpoints_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f")) -> None:
-    endpoint = endpoints.get(name)
-    path = Path(endpoint.log_path)
+    _print_log(Path(endpoints.get(name).log_path), follow, lambda: endpoints.get(name).status in endpoints.LIVE)
+
+
+def _print_log(path: Path, follow: bool, alive) -> None:
+    """A log file, or with --follow its lines as they are written until the process ends."""
+    if not path.exists():
+        return
     if not follow:
         sys.stdout.write(path.read_text(errors="replace"))
         return
-    for line in endpoints.follow(path, lambda: endpoints.get(name).status in endpoints.LIVE):
+    for line in endpoints.follow(path, alive):
         sys.stdout.write(line)
 
 
@@ -226,14 +231,7 @@ def jobs_describe(name: str) -> None:
 
 @jobs_app.command("logs")
 def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f")) -> None:
-    path = Path(store.get(name).log_path)
-    if not path.exists():
-        return
-    if not follow:
-        sys.stdout.write(path.read_text(errors="replace"))
-        return
-    for line in endpoints.follow(path, lambda: store.get(name).status in store.ACTIVE):
-        sys.stdout.write(line)
+    _print_log(Path(store.get(name).log_path), follow, lambda: store.get(name).status in store.ACTIVE)
 
 
 @jobs_app.command("stop")

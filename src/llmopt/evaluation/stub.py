@@ -6,6 +6,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
+import sys
+import time
+
+import httpx
 
 from aiohttp import web
 
@@ -32,6 +37,24 @@ def make_app(tokens_per_request: int, delay_s: float) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
     return app
+
+
+def start(tokens: int = 1000, delay_s: float = 0.0) -> tuple[str, subprocess.Popen]:
+    """Run the stub in its own process on a free port; returns its URL once it answers."""
+    from llmopt.engine.vllm import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "llmopt.evaluation.stub", "--port", str(port),
+                             "--tokens", str(tokens), "--delay", str(delay_s)])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            httpx.get(f"{url}/v1/models", timeout=1)
+            return url, proc
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the stub server did not start")
 
 
 def main() -> None:
