@@ -9,6 +9,7 @@ from pathlib import Path
 from llmopt import artifact, sources
 from llmopt.engine import platform
 from llmopt.engine.config import EngineConfig
+from llmopt.errors import LlmoptError
 
 
 @dataclass
@@ -30,7 +31,7 @@ def for_target(target: str, config: EngineConfig | None = None) -> ServingSpec:
     """An artifact folder is served exactly as its manifest says; anything else is a model spec."""
     if artifact.is_artifact(Path(target)):
         if config is not None:
-            raise ValueError("an artifact carries its own engine settings; optimize again to change them")
+            raise LlmoptError("an artifact carries its own engine settings", "deploy it without engine flags, or optimize again")
         return artifact.load(Path(target)).serving_spec()
     model = sources.resolve(target)
     config = config or EngineConfig()
