@@ -48,8 +48,9 @@ def build(
 ) -> artifact.Manifest:
     """Run every step into `workdir`, then write the manifest and rename it to `output`.
 
-    `finalize_guard` is a context manager that holds off stop signals while the finished folder is
-    renamed and recorded, so a stop can never leave a complete-looking artifact behind.
+    `finalize_guard` is a context manager around the rename into place; the worker's holds off stop
+    signals and records COMPLETED inside it, so a stop never leaves a complete artifact behind a
+    record that says otherwise.
     """
     hardware = platform.detect()
     ctx = BuildContext(

@@ -53,12 +53,19 @@ def run(name: str) -> int:
             raise LlmoptError(f"source model '{record.source}' is no longer in the store", "import it again")
         recipe = parse(json.loads(record.recipe))
         workdir.mkdir(parents=True, exist_ok=False)
+
+        @contextmanager
+        def finalizing() -> Iterator[None]:
+            """The rename into place and the COMPLETED record happen with stop signals held off."""
+            with _signals_held():
+                yield
+                store.update(name, status=store.COMPLETED, artifact=str(output), ended_at=time.time())
+
         pipeline.build(
             name, record.artifact_key or "", source, recipe, workdir, output, log,
             report=lambda step, status, fraction, seconds: store.set_step(name, step, status, fraction, seconds),
-            finalize_guard=_signals_held,
+            finalize_guard=finalizing,
         )
-        store.update(name, status=store.COMPLETED, artifact=str(output), ended_at=time.time())
         return 0
     except Stopped:
         shutil.rmtree(workdir, ignore_errors=True)
