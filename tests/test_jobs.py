@@ -16,11 +16,11 @@ import psutil
 import pytest
 
 import llmopt
-from llmopt import artifact, client, hashing, sources
+from llmopt import artifact, client, compatibility, hashing, sources
 from llmopt.engine import vllm
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
-from llmopt.recipe import AWQ, Compilation, DraftModel, KVCache, Recipe, Sharding
+from llmopt.recipe import AWQ, FP8, Compilation, DraftModel, Recipe, Sharding, SmoothQuant
 
 from conftest import assert_one_line_error, run_cli
 
@@ -168,9 +168,22 @@ def _refused(model: str, recipe: Recipe, *needles: str, **kwargs) -> store.JobRe
     return record
 
 
-def test_unavailable_techniques_are_refused(smol: sources.Model) -> None:
-    _refused(smol.id, Recipe(quantization=AWQ(group_size=64)), "quantization.awq", "not built")
-    _refused(smol.id, Recipe(compilation=Compilation()), "compilation", "not built")
+@pytest.mark.parametrize("recipe, technique", [
+    (Recipe(quantization=AWQ(group_size=64)), "quantization.awq"),
+    (Recipe(quantization=SmoothQuant()), "quantization.smoothquant"),
+    (Recipe(quantization=FP8(scheme="block")), "quantization.fp8.block"),
+    (Recipe(quantization=FP8(scheme="dynamic")), "quantization.fp8.dynamic"),
+    (Recipe(compilation=Compilation()), "compilation"),
+])
+def test_unavailable_techniques_are_refused(smol: sources.Model, recipe: Recipe, technique: str) -> None:
+    """Every row of the matrix whose status is `unavailable` refuses its technique with the reason."""
+    _refused(smol.id, recipe, technique, "not built")
+
+
+def test_every_refusing_matrix_row_is_tested() -> None:
+    refusing = {row["technique"] for row in compatibility.matrix() if row["status"] in ("refused", "unavailable")}
+    tested = {"quantization.awq", "quantization.smoothquant", "quantization.fp8.block", "quantization.fp8.dynamic", "compilation"}
+    assert refusing == tested, refusing ^ tested
 
 
 def test_tensor_parallel_beyond_devices_is_refused(smol: sources.Model) -> None:
