@@ -35,39 +35,38 @@ print("RESULT" + json.dumps({k: result[k] for k in ("median_ttft_ms", "median_it
 """
 
 
-def vllm_bench(url: str, model: str, tokenizer: str, concurrency: int, seed: int) -> dict:
+def vllm_bench(url: str, model: str, tokenizer: str, concurrency: int, seed: int, prompts: int) -> dict:
     argv = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", url, "--model", model,
             "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(INPUT_LEN),
-            "--random-output-len", str(OUTPUT_LEN), "--num-prompts", str(PROMPTS), "--max-concurrency", str(concurrency),
+            "--random-output-len", str(OUTPUT_LEN), "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
             "--ignore-eos", "--seed", str(seed), "--num-warmups", str(concurrency)]
     out = subprocess.run([sys.executable, "-c", VLLM_BENCH, *argv], capture_output=True, text=True, check=True).stdout
     return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT"))[6:])
 
 
-def ours(endpoint: str, concurrency: int, seed: int) -> dict:
+def ours(endpoint: str, concurrency: int, seed: int, prompts: int) -> dict:
     level = llmopt.evaluate(endpoint=endpoint, dataset=f"synthetic:{INPUT_LEN},{OUTPUT_LEN}", concurrency=[concurrency],
-                            requests=PROMPTS, quality=False, seed=seed)["targets"][0]["levels"][0]
+                            requests=prompts, quality=False, seed=seed)["targets"][0]["levels"][0]
     return {"median_ttft_ms": level["ttft_ms"]["p50"], "median_itl_ms": level["itl_ms"]["p50"],
             "median_tpot_ms": level["tpot_ms"]["p50"], "output_throughput": level["output_tokens_per_s"]}
 
 
 def main() -> None:
-    global PROMPTS
     parser = argparse.ArgumentParser()
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)))
     parser.add_argument("--prompts", type=int, default=PROMPTS)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     options = parser.parse_args()
     levels = [int(x) for x in options.levels.split(",")]
-    PROMPTS = options.prompts
     rows = []
     with llmopt.deploy("smollm2-135m-instruct", name="bench-agreement") as endpoint:
         for concurrency in levels:
             samples: dict[str, list[dict]] = {"llmopt": [], "vllm": []}
             for round_ in range(options.rounds):
                 seed = 1000 * concurrency + round_  # fresh prompts every run: no prefix-cache hits across runs
-                samples["llmopt"].append(ours(endpoint.name, concurrency, seed))
-                samples["vllm"].append(vllm_bench(endpoint.url, endpoint.served_name, endpoint.model_path, concurrency, seed))
+                samples["llmopt"].append(ours(endpoint.name, concurrency, seed, options.prompts))
+                samples["vllm"].append(vllm_bench(endpoint.url, endpoint.served_name, endpoint.model_path, concurrency, seed,
+                                                  options.prompts))
             row = {"concurrency": concurrency, "samples": samples}
             for key in ("median_ttft_ms", "median_itl_ms", "median_tpot_ms", "output_throughput"):
                 a = statistics.median(s[key] for s in samples["llmopt"])
@@ -83,7 +82,7 @@ def main() -> None:
     print(f"TTFT and ITL medians within 10%: {'yes' if met else 'NO'}")
     suffix = "" if levels == list(LEVELS) else "_c" + "-".join(map(str, levels))
     out = Path(__file__).parent / "results" / f"vllm_bench_agreement{suffix}.json"
-    out.write_text(json.dumps({"prompts": PROMPTS, "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "rows": rows,
+    out.write_text(json.dumps({"prompts": options.prompts, "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "rows": rows,
                                "within_10_percent": met}, indent=2))
 
 

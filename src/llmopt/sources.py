@@ -59,15 +59,7 @@ def remove(model_id: str) -> None:
 
 def resolve(spec: str) -> Model:
     """A model for a user's spec: an imported id, a catalogue id (imported on first use), or a path."""
-    existing = get(spec)
-    if existing is not None:
-        return existing
-    if catalog.is_catalog_id(spec) or not Path(spec).exists():
-        if not catalog.is_catalog_id(spec) and ("/" in spec or spec.endswith(".gguf")):
-            raise LlmoptError(f"model path '{spec}' does not exist", "check the path")
-        catalog.get(spec)  # raises the unknown-id error with the valid choices
-        return import_model(spec)
-    return import_model(spec)
+    return get(spec) or import_model(spec)
 
 
 def import_model(spec: str, name: str | None = None) -> Model:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import importlib.metadata as md
+import json
 import os
 import shlex
 import socket
@@ -48,8 +49,6 @@ def server_argv(model_path: str, args: dict[str, object], host: str, port: int) 
         elif value is False or value is None:
             continue
         elif isinstance(value, (dict, list)):
-            import json
-
             argv += [flag, json.dumps(value)]
         else:
             argv += [flag, str(value)]
