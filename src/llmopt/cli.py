@@ -18,6 +18,7 @@ from rich.table import Table
 from llmopt import catalog, compatibility, endpoints, paths, sdk, sources
 from llmopt import recipe as recipes
 from llmopt.jobs import runner, store
+from llmopt.engine import compile_cache
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -26,10 +27,12 @@ models_app = typer.Typer(no_args_is_help=True, help="The model store.")
 endpoints_app = typer.Typer(no_args_is_help=True, help="Running endpoints.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Optimization jobs.")
 recipes_app = typer.Typer(no_args_is_help=True, help="Recipes and the compatibility matrix.")
+cache_app = typer.Typer(no_args_is_help=True, help="The compile cache: compiled engine code, one entry per key.")
 app.add_typer(models_app, name="models")
 app.add_typer(endpoints_app, name="endpoints")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(recipes_app, name="recipes")
+app.add_typer(cache_app, name="cache")
 
 console = Console()
 err = Console(stderr=True)
@@ -120,7 +123,15 @@ def deploy(
     with _working(f"starting vLLM for {model}"):
         endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout)
     console.print(f"endpoint [bold]{endpoint.name}[/] ready at {endpoint.url} in {endpoint.seconds_to_ready:.1f} s")
+    console.print(_compile_cache_line(endpoint.to_dict()["verification"]["compile_cache"]))
     console.print(f"stop it with: llmopt endpoints stop {endpoint.name}")
+
+
+def _compile_cache_line(cache: dict) -> str:
+    key = cache["key"][:12]
+    if cache["outcome"] == "precompiled":
+        return f"start: precompiled (compile cache {key}, no graph compiled); the cold start took {cache['cold_ready_seconds']:.1f} s"
+    return f"start: {cache['outcome']} ({cache['compiled_files_added']} compiled files added to compile cache {key}; the next start reuses them)"
 
 
 @endpoints_app.command("list")
@@ -279,6 +290,35 @@ def recipes_matrix() -> None:
     rows = [[r["technique"], r["hardware"], ", ".join(r["architectures"]) if isinstance(r["architectures"], list) else r["architectures"],
              r["status"], r.get("reason", "")] for r in compatibility.matrix()]
     _table("Compatibility", ["technique", "hardware", "architectures", "status", "reason"], rows)
+
+
+# -- compile cache ------------------------------------------------------------------------------
+
+
+@cache_app.command("list")
+def cache_list() -> None:
+    """Every entry: its key, what it was compiled for, its size, and when it was last used."""
+    rows = []
+    for entry in compile_cache.list_entries():
+        parts, meta = entry.components, entry.meta
+        args = parts["engine_args"]
+        shapes = f"len {args.get('max-model-len')}, seqs {args.get('max-num-seqs', 'default')}"
+        cold = meta.get("cold_ready_seconds")
+        rows.append([entry.key[:16], parts["weights"][:12], shapes, " ".join(parts["engine"]), f"{entry.size_bytes() / 1e6:.1f}",
+                     f"{cold:.1f}" if cold else "", _when((entry.path / compile_cache.KEY_FILE).stat().st_mtime)])
+    _table("Compile cache", ["key", "weights", "shapes", "engine", "MB", "cold start (s)", "last used"], rows)
+
+
+@cache_app.command("prune")
+def cache_prune(
+    all_entries: bool = typer.Option(False, "--all", help="Remove every entry not in use."),
+    older_than_days: float = typer.Option(30.0, help="Remove entries unused for this many days."),
+) -> None:
+    """Remove entries that have not been used for a while (never one a live endpoint started from)."""
+    removed = compile_cache.prune(None if all_entries else older_than_days * 86400, keep=endpoints.compile_cache_keys_in_use())
+    for entry, size in removed:
+        console.print(f"removed {entry.key[:16]} ({size / 1e6:.1f} MB)")
+    console.print(f"{len(removed)} entries removed, {sum(s for _, s in removed) / 1e6:.1f} MB freed")
 
 
 # -- evaluate -----------------------------------------------------------------------------------

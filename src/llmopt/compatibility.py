@@ -83,7 +83,26 @@ def _draft_fits_target(recipe: Recipe, target: Model, config: dict, hardware: Ha
     speculative.check_draft(recipe.speculative, target, verdict)
 
 
+def _quantization_fits(recipe: Recipe, target: Model, config: dict, hardware: Hardware, verdict: Verdict) -> None:
+    """The scheme's group or block size fits the layer shapes, and quantizing fits in memory."""
+    from llmopt.techniques import quantize, schemes
+
+    assert recipe.quantization is not None
+    tensor_parallel = recipe.sharding.tensor_parallel_size if recipe.sharding else 1
+    try:
+        fitted = schemes.fit(recipe.quantization, config, tensor_parallel)
+    except LlmoptError as exc:
+        verdict.refusals.append(f"{exc.problem}; {exc.fix}")
+        return
+    if fitted.note:
+        verdict.warnings.append(fitted.note)
+    refusal = quantize.check_memory(recipe.quantization, config, target.size_bytes)
+    if refusal:
+        verdict.refusals.append(refusal)
+
+
 CHECKS: dict[str, Callable[[Recipe, Model, dict, Hardware, Verdict], None]] = {
+    "quantization_fits": _quantization_fits,
     "tensor_parallel_devices": _tensor_parallel_devices,
     "draft_fits_target": _draft_fits_target,
 }

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from llmopt import db, paths, procs
+from llmopt.engine import compile_cache
 from llmopt.engine import metrics as engine_metrics
 from llmopt.engine import vllm
 from llmopt.errors import LlmoptError
@@ -92,7 +93,9 @@ def deploy(
     log_path = paths.logs_dir() / f"endpoint-{name}.log"
     log_path.unlink(missing_ok=True)
     args = spec.args()
-    server = vllm.start_server(spec.model_path, args, spec.env, log_path, host, port)
+    cache = compile_cache.Watch(compile_cache.entry_for(spec.model_path, args))
+    env = {**spec.env, **cache.entry.env}
+    server = vllm.start_server(spec.model_path, args, env, log_path, host, port)
     endpoint = Endpoint(
         name=name,
         model=spec.model_label,
@@ -105,7 +108,7 @@ def deploy(
         failure_reason=None,
         log_path=str(log_path),
         engine_args=json.dumps(args),
-        engine_env=json.dumps(spec.env),
+        engine_env=json.dumps(env),
         started_at=time.time(),
         ready_at=None,
         stopped_at=None,
@@ -120,9 +123,16 @@ def deploy(
         _update(name, status=FAILED, failure_reason=reason, stopped_at=time.time())
         raise
     endpoint.status, endpoint.ready_at = READY, time.time()
+    verification["compile_cache"] = cache.result(round(endpoint.ready_at - endpoint.started_at, 2))
     endpoint.verification = json.dumps(verification)
     _update(name, status=READY, ready_at=endpoint.ready_at, verification=endpoint.verification)
     return endpoint
+
+
+def compile_cache_keys_in_use() -> frozenset[str]:
+    """Compile-cache entries that live endpoints started from (pruning must keep them)."""
+    dirs = (json.loads(e.engine_env).get("TORCHINDUCTOR_CACHE_DIR") for e in list_endpoints() if e.status in LIVE)
+    return frozenset(Path(d).parent.name for d in dirs if d)
 
 
 def _verify(endpoint: Endpoint) -> dict:

@@ -109,3 +109,8 @@ def default_reserved_cpus(hw: Hardware) -> int:
     return 0 if hw.cores <= 4 else 1
 
 
+def torch_version() -> str:
+    """The installed torch, read from its metadata (importing torch takes seconds)."""
+    import importlib.metadata as md
+
+    return md.version("torch")

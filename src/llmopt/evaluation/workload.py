@@ -108,7 +108,7 @@ def jsonl(path: Path) -> Workload:
 def builtin_qa(seed: int = 0, count: int = 64) -> Workload:
     """Questions over 2-3 of llmopt's passages: prompts of about 500-1,000 tokens, at most 250 new tokens."""
     rng = random.Random(seed)
-    passages = list(corpus.passages())
+    passages = [p for p in corpus.passages() if p.questions]
     asked = [(p, q, a) for p in passages for q, a in p.questions]
     requests = []
     for _ in range(count):
@@ -125,7 +125,7 @@ def builtin_qa(seed: int = 0, count: int = 64) -> Workload:
 def sharegpt(seed: int = 0, count: int = 256, tokenizer: Any = None) -> Workload:
     """First human turn of ShareGPT conversations; max_tokens is the length of the recorded reply
     (in the model's tokens when a tokenizer is given), capped at 1,024 as vLLM's benchmark does."""
-    conversations = _sharegpt_conversations()
+    conversations = sharegpt_conversations()
     rng = random.Random(seed)
     picked = rng.sample(conversations, min(count * 2, len(conversations)))
     requests = []
@@ -155,7 +155,7 @@ def synthetic(input_len: int, output_len: int, tokenizer: Any, seed: int = 0, co
     return Workload(name=f"synthetic:{input_len},{output_len}", requests=requests, seed=seed, ignore_eos=True)
 
 
-def _sharegpt_conversations() -> list[tuple[str, str]]:
+def sharegpt_conversations() -> list[tuple[str, str]]:
     """(first human turn, first reply) of every complete record; the shipped file is cut off
     mid-record, so it is stream-parsed and the torn tail dropped."""
     import ijson

@@ -92,7 +92,7 @@ def build(
             "args": ctx.engine.to_args(served_name=name),
             "env": ctx.engine.to_env(hardware),
         },
-        hardware={**hardware.to_dict(), "torch": _torch_version()},
+        hardware={**hardware.to_dict(), "torch": platform.torch_version()},
         content_hash="",
         created_at=0.0,
         steps=timings,
@@ -104,8 +104,3 @@ def build(
     log.info("artifact %s complete: %s", name, output)
     return manifest
 
-
-def _torch_version() -> str:
-    import importlib.metadata as md
-
-    return md.version("torch")

@@ -143,9 +143,16 @@ def _check_output(output_dir: Path) -> None:
 
 
 def _key_extras(recipe: Recipe, source: sources.Model) -> dict:
-    """Inputs beyond the source and recipe that change the artifact: the draft model's content."""
+    """Inputs beyond the source and recipe that change the artifact: the draft model's content,
+    and the calibration text (the built-in set changes between versions; a user's file may change)."""
+    extras = {}
     if isinstance(recipe.speculative, DraftModel):
         from llmopt.techniques import speculative
 
-        return {"draft": speculative.resolve_draft(recipe.speculative, source).content_hash}
-    return {}
+        extras["draft"] = speculative.resolve_draft(recipe.speculative, source).content_hash
+    calibration_spec = getattr(recipe.quantization, "calibration", None)
+    if calibration_spec is not None:
+        from llmopt.techniques import calibration
+
+        extras["calibration"] = calibration.fingerprint(calibration_spec)
+    return extras

@@ -38,12 +38,14 @@ class Step:
 
 
 def plan(recipe: Recipe) -> list[Step]:
-    from llmopt.techniques import measure, package, settings, speculative
+    from llmopt.techniques import compilation, measure, package, quantize, settings, speculative
 
-    steps = [Step("weights", package.copy_weights)]
+    steps = [Step("quantize", quantize.apply) if recipe.quantization else Step("weights", package.copy_weights)]
     if recipe.kv_cache or recipe.sharding:
         steps.append(Step("engine-settings", settings.apply))
     if recipe.speculative:
         steps.append(Step("speculative", speculative.apply))
+    if recipe.compilation:
+        steps.append(Step("compile", compilation.apply))
     steps.append(Step("measure", measure.run))
     return steps

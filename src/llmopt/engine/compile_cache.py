@@ -1,0 +1,187 @@
+"""The compile cache: torch.compile/Inductor artifacts of vLLM engine starts, one folder per key,
+where the key is everything that makes compiled code valid.
+
+Why not vLLM's own AOT cache: on CPU, vLLM 0.32 compiles with mode DYNAMO_TRACE_ONCE and the stock
+"inductor" backend, so the function it saves is torch's plain serializable callable; loading it
+calls `compiled_fn.finalize_loading()`, which only vLLM's own VllmSerializableFunction has
+(compilation/decorators.py, `_try_load_aot_compiled_fn`), so every start logs "Compiling model
+again due to a load failure" and compiles from scratch. llmopt turns that path off
+(VLLM_USE_AOT_COMPILE=0) and points Inductor's FX-graph and AOTAutograd caches
+(TORCHINDUCTOR_CACHE_DIR) at the entry for the start's key. Those caches key each graph by its
+own content as well, so a wrong entry can cost a compile but never run stale code; the key here
+keeps entries for different models, shapes and machines apart, countable and prunable.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmopt import hashing, paths
+from llmopt.engine import platform
+
+SCHEMA = 1
+KEY_FILE = "key.json"
+ARTIFACT_DIR = "compile-cache"  # an artifact's own copy of its entry
+# Engine flags that do not change compiled code.
+IRRELEVANT_ARGS = ("served-model-name", "seed")
+_weights_memo: dict[tuple[str, int, int], str] = {}
+
+
+def weights_hash(model_path: str | Path) -> str:
+    """The weights and config of a model folder (quantization lives in both)."""
+    root = Path(model_path)
+    files = sorted(p for p in root.iterdir() if p.suffix == ".safetensors" or p.name == "config.json")
+    parts = []
+    for path in files:
+        stat = path.stat()
+        memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if memo not in _weights_memo:
+            _weights_memo[memo] = hashing.file_sha256(path)
+        parts.append([path.name, _weights_memo[memo]])
+    return hashing.json_sha256(parts)
+
+
+def components(model_path: str | Path, args: dict[str, object], hw: platform.Hardware, engine: tuple[str, str],
+               torch_version: str) -> dict[str, Any]:
+    """Everything a compiled artifact depends on: the weights (and so the quantization), the
+    engine flags that shape the graphs (lengths, batch, dtypes, tensor parallelism, speculation),
+    the engine and torch versions, and the CPU flags or GPU kind."""
+    relevant = {k: v for k, v in args.items() if k not in IRRELEVANT_ARGS}
+    spec = relevant.get("speculative-config")
+    if isinstance(spec, dict) and spec.get("model"):
+        relevant["speculative-config"] = {**spec, "model": weights_hash(Path(str(spec["model"])))}
+    return {
+        "schema": SCHEMA,
+        "weights": weights_hash(model_path),
+        "engine_args": relevant,
+        "engine": list(engine),
+        "torch": torch_version,
+        "device": hw.device,
+        "cpu_flags": list(hw.cpu_flags),
+        "gpu": hw.gpu,
+    }
+
+
+def key_of(parts: dict[str, Any]) -> str:
+    return hashing.json_sha256(parts)
+
+
+@dataclass
+class Entry:
+    key: str
+    path: Path
+    components: dict[str, Any]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "VLLM_USE_AOT_COMPILE": "0",
+            "TORCHINDUCTOR_CACHE_DIR": str(self.path / "inductor"),
+            "VLLM_CACHE_ROOT": str(self.path / "vllm"),
+        }
+
+    def compiled_files(self) -> set[str]:
+        """Compiled graphs and kernels stored so far (lock files excluded)."""
+        root = self.path / "inductor"
+        return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and "locks" not in p.parts} if root.is_dir() else set()
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return json.loads((self.path / KEY_FILE).read_text())
+
+    def record(self, **fields: Any) -> None:
+        meta = {**self.meta, **fields}
+        (self.path / KEY_FILE).write_text(json.dumps(meta, indent=2))
+
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+
+
+class Watch:
+    """One engine start against an entry: was it served from the cache, or did it compile?"""
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+        self.before = entry.compiled_files()
+
+    def result(self, ready_seconds: float) -> dict[str, Any]:
+        added = len(self.entry.compiled_files() - self.before)
+        if not self.before:
+            self.entry.record(cold_ready_seconds=ready_seconds)
+        outcome = "precompiled" if self.before and not added else "compiled" if not self.before else "partly compiled"
+        return {"key": self.entry.key, "outcome": outcome, "compiled_files_added": added,
+                "ready_seconds": ready_seconds, "cold_ready_seconds": self.entry.meta.get("cold_ready_seconds")}
+
+
+def root() -> Path:
+    folder = paths.home() / "compile-cache"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def entry_for(model_path: str | Path, args: dict[str, object], hw: platform.Hardware | None = None) -> Entry:
+    """The entry for this start, created empty when new, or seeded from the artifact's own copy
+    when the artifact was compiled for exactly this key (another machine's cache, say)."""
+    from llmopt.engine import vllm
+
+    hw = hw or platform.detect()
+    parts = components(model_path, args, hw, vllm.engine_name_version(), platform.torch_version())
+    key = key_of(parts)
+    path = root() / key
+    if not (path / KEY_FILE).is_file():
+        shipped = Path(model_path) / ARTIFACT_DIR
+        staging = root() / f".new-{key}-{time.monotonic_ns()}"
+        if (shipped / KEY_FILE).is_file() and json.loads((shipped / KEY_FILE).read_text()).get("key") == key:
+            shutil.copytree(shipped, staging)
+            _writable(staging)
+        else:
+            staging.mkdir()
+            (staging / KEY_FILE).write_text(json.dumps({"key": key, "components": parts, "created_at": time.time()}, indent=2))
+        try:
+            staging.rename(path)
+        except OSError:  # another start created it first
+            shutil.rmtree(staging, ignore_errors=True)
+    (path / KEY_FILE).touch()  # last used
+    return Entry(key, path, parts)
+
+
+def export(entry: Entry, dest: Path) -> None:
+    """Copy an entry into an artifact, so the artifact carries its compiled code."""
+    shutil.copytree(entry.path, dest, ignore=shutil.ignore_patterns("locks"))
+
+
+def list_entries() -> list[Entry]:
+    found = []
+    for path in sorted(root().iterdir()):
+        if (path / KEY_FILE).is_file():
+            meta = json.loads((path / KEY_FILE).read_text())
+            found.append(Entry(meta["key"], path, meta["components"]))
+    return found
+
+
+def prune(older_than_s: float | None = None, keep: frozenset[str] = frozenset()) -> list[tuple[Entry, int]]:
+    """Remove entries unused for `older_than_s` (every entry when None), except `keep`; returns
+    what was removed with the bytes freed."""
+    removed = []
+    now = time.time()
+    for entry in list_entries():
+        if entry.key in keep:
+            continue
+        if older_than_s is not None and now - (entry.path / KEY_FILE).stat().st_mtime < older_than_s:
+            continue
+        size = entry.size_bytes()
+        shutil.rmtree(entry.path)
+        removed.append((entry, size))
+    return removed
+
+
+def _writable(folder: Path) -> None:
+    """Artifacts are read-only; the cache entry copied out of one must take new graphs."""
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+

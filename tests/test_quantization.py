@@ -1,0 +1,201 @@
+"""Quantization end to end on the packaged model: llm-compressor writes each scheme, vLLM serves it
+with its CPU kernel, the manifest carries the quality cost; and every guard rail refuses."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import llmopt
+from llmopt import artifact, client, compatibility, sources
+from llmopt.engine import platform
+from llmopt.errors import LlmoptError
+from llmopt.jobs import store
+from llmopt.recipe import AWQ, FP8, Calibration, KVCache, Recipe, SmoothQuant
+from llmopt.techniques import calibration, schemes
+
+from conftest import assert_one_line_error, run_cli
+
+QUICK = Calibration(samples=16, sequence_length=256)  # SmoothQuant stays within 3% on less data than AWQ needs
+SCHEMES = {
+    # name: (recipe, the kernel vLLM must pick on CPU, checkpoint format)
+    # AWQ's defaults land at +11.5-11.8% against its 12% budget (benchmarks/awq_quality.py); CI
+    # allows 15% so calibration-order noise cannot fail it, and the budget itself is tested below.
+    "awq": (Recipe(quantization=AWQ(max_perplexity_increase=0.15)), "CPUWNA16LinearKernel", "pack-quantized"),
+    "smoothquant": (Recipe(quantization=SmoothQuant(calibration=QUICK)), "CPUInt8ScaledMMLinearKernel", "int-quantized"),
+    "fp8-block+kv-fp8": (Recipe(quantization=FP8(scheme="block"), kv_cache=KVCache(dtype="fp8")), "CPUFp8BlockScaledMMKernel",
+                         "float-quantized"),
+}
+
+FACTS = {
+    "What is the capital of France?": "Paris",
+    "Which planet is the largest in our solar system?": "Jupiter",
+    "What is the chemical symbol for water?": "H2O",
+    "How many days are there in a week?": r"\b(7|seven)\b",
+    "What is the opposite of hot?": "cold",
+}
+
+
+@pytest.fixture(scope="module", params=list(SCHEMES))
+def quantized(request: pytest.FixtureRequest, baseline: llmopt.Job, smol: sources.Model):
+    """One job per scheme. The baseline job ran first, so the source's perplexity is reused."""
+    recipe, kernel, fmt = SCHEMES[request.param]
+    job = llmopt.optimize(smol.id, recipe, name=f"q-{request.param}")
+    assert job.status == store.COMPLETED, job.record.failure_reason
+    return request.param, job, kernel, fmt
+
+
+def test_scheme_end_to_end(quantized, baseline: llmopt.Job, smol: sources.Model) -> None:
+    scheme, job, kernel, fmt = quantized
+    manifest = artifact.verify(job.artifact)
+    kv_fp8 = "kv-fp8" in scheme
+    assert [s["name"] for s in manifest.steps] == ["quantize", *(["engine-settings"] if kv_fp8 else []), "measure"]
+    config = json.loads((job.artifact / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+    assert {g["format"] for g in config["quantization_config"]["config_groups"].values()} == {fmt}
+
+    metrics = manifest.metrics
+    q = metrics["quantization"]
+    assert q["method"] == manifest.recipe["quantization"]["method"]
+    assert q["seconds"] > 0 and q["peak_rss_bytes"] > 2 * q["size_bytes"]
+    assert q["peak_rss_bytes"] <= q["estimated_peak_bytes"], "the memory estimate must bound the real peak"
+    assert q["size_bytes"] < 0.7 * q["source_size_bytes"]
+    assert q["source_size_bytes"] == (Path(smol.path) / "model.safetensors").stat().st_size
+    assert metrics["kernels"], "vLLM's kernel choice is recorded"
+    assert kernel in metrics["kernels"].values(), metrics["kernels"]
+
+    # the quality cost, against the source's perplexity that the baseline job measured
+    base = artifact.verify(baseline.artifact).metrics["perplexity"]
+    assert metrics["perplexity_base"] == base
+    increase = metrics["perplexity"]["perplexity"] / base["perplexity"] - 1
+    assert metrics["perplexity_increase"] == pytest.approx(increase, abs=1e-4)
+    assert increase <= manifest.recipe["quantization"]["max_perplexity_increase"]
+
+    with job.deploy(name=f"ep-{scheme}") as endpoint:
+        answers = {q: client.chat(endpoint.url, job.name, q, max_tokens=24).text for q in FACTS}
+        right = [q for q, expected in FACTS.items() if re.search(expected, answers[q], re.IGNORECASE)]
+        assert len(right) >= 3, answers  # coherent; a 4-bit 135M model misses a fact or two (AWQ answered France in French)
+        if kv_fp8:
+            assert json.loads(endpoint.engine_args)["kv-cache-dtype"] == "fp8"
+
+
+def test_calibration_is_recorded(quantized) -> None:
+    scheme, job, _, _ = quantized
+    q = artifact.verify(job.artifact).metrics["quantization"]
+    if scheme == "fp8-block+kv-fp8":
+        assert "calibration" not in q  # data-free
+        assert q["block_size"] == [64, 128] and "does not divide" in q["fit_note"]
+        return
+    cal, asked = q["calibration"], (AWQ().calibration if scheme == "awq" else QUICK)
+    assert cal["dataset"] == "builtin" and cal["samples_requested"] == asked.samples and 0 < cal["samples"] <= asked.samples
+    assert cal["sequence_length"] == asked.sequence_length and cal["tokens"] == cal["samples"] * asked.sequence_length
+    assert len(cal["sha256"]) == 64
+    if scheme == "awq":
+        assert q["group_size"] == 64 and "using 64" in q["fit_note"]  # 128 does not divide SmolLM2's 576
+
+
+def test_users_calibration_dataset(smol: sources.Model, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    data = tmp_path / "calib.jsonl"
+    data.write_text("\n".join(json.dumps(row) for row in [
+        {"text": "The river rose in spring and the ferry stopped for a week."},
+        {"prompt": "Summarize the history of the printing press."},
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]},
+    ]) + "\n")
+    tokenizer = AutoTokenizer.from_pretrained(smol.path)
+    built = calibration.build(Calibration(dataset=str(data), samples=4, sequence_length=16), tokenizer)
+    assert built.description["dataset"] == str(data) and len(built.windows) == built.description["samples"] >= 1
+    assert all(len(w) == 16 for w in built.windows)
+    data.write_text('{"text": "fine"}\n{"txt": "a typo"}\n')
+    with pytest.raises(LlmoptError, match=r"calib.jsonl:2: not a JSON object"):
+        calibration.build(Calibration(dataset=str(data)), tokenizer)
+
+
+# -- guard rails ---------------------------------------------------------------------------------
+
+
+def test_over_the_quality_budget_fails_with_the_numbers(baseline: llmopt.Job, smol: sources.Model) -> None:
+    job = llmopt.optimize(smol.id, Recipe(quantization=FP8(max_perplexity_increase=0.0)), name="q-over-budget")
+    record = job.record
+    assert record.status == store.FAILED and not Path(record.output_dir).exists()
+    assert "quality budget exceeded: perplexity rose" in record.failure_reason
+    assert "max_perplexity_increase 0 for fp8" in record.failure_reason
+    assert "quality budget exceeded" in Path(record.log_path).read_text()
+    assert_one_line_error(run_cli("jobs", "wait", "q-over-budget"), "ended FAILED")
+
+
+def test_not_enough_memory_is_refused_before_starting(smol: sources.Model) -> None:
+    huge = AWQ(calibration=Calibration(samples=4096, sequence_length=32768))
+    with pytest.raises(LlmoptError, match=r"quantization.awq needs about [\d.]+ GiB with 4096 calibration samples"):
+        llmopt.optimize(smol.id, Recipe(quantization=huge), name="q-too-big")
+    record = store.get("q-too-big")
+    assert record.status == store.FAILED and record.pid is None  # refused before any worker started
+
+
+def _tiny_model(folder: Path, config: dict) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder.mkdir()
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((Path(sources.resolve("smollm2-135m-instruct").path) / name).read_bytes())
+    return folder
+
+
+def test_layer_shapes_no_group_fits_are_refused(tmp_path: Path) -> None:
+    odd = _tiny_model(tmp_path / "odd", dict(model_type="llama", hidden_size=72, intermediate_size=200, num_attention_heads=4,
+                                             num_key_value_heads=4, num_hidden_layers=1, vocab_size=49152))
+    sources.import_model(str(odd), name="tiny-odd-widths")
+    assert_one_line_error(run_cli("optimize", "--model", "tiny-odd-widths", "--quantize", "awq"),
+                          "no group size from 16 to 128 divides the layer widths [72, 200]")
+    assert_one_line_error(run_cli("optimize", "--model", "tiny-odd-widths", "--quantize", "fp8"), "fp8 block: no block size")
+
+
+def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
+    gpt2 = _tiny_model(tmp_path / "gpt2", dict(model_type="gpt2", n_embd=64, n_layer=1, n_head=4, vocab_size=49152))
+    sources.import_model(str(gpt2), name="tiny-gpt2")
+    assert_one_line_error(run_cli("optimize", "--model", "tiny-gpt2", "--quantize", "smoothquant"),
+                          "quantization.smoothquant is not supported for GPT2LMHeadModel")
+
+
+def test_fp8_dynamic_on_cpu_warns_with_the_numbers(smol: sources.Model) -> None:
+    verdict = compatibility.check(Recipe(quantization=FP8(scheme="dynamic")), smol, platform.detect())
+    assert not verdict.refusals
+    assert any("7.2 against 32.8 tokens/s" in w and "use fp8 scheme block" in w for w in verdict.warnings), verdict.warnings
+
+
+@pytest.mark.parametrize("config, requested, expected", [
+    ({"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32}, 128, 128),  # Llama-2-7B
+    ({"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9}, 128, 64),  # SmolLM2-135M
+    ({"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2}, 128, 128),  # Qwen2.5-1.5B
+    ({"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9}, 32, 32),
+])
+def test_group_size_fits_the_layer_widths(config: dict, requested: int, expected: int) -> None:
+    assert schemes.fit(AWQ(group_size=requested), config).group_size == expected
+
+
+def test_awq_ignore_that_empties_a_balance_group_is_refused(smol: sources.Model) -> None:
+    """llm-compressor's AWQ crashes after minutes of calibration on such a recipe; llmopt refuses it first."""
+    recipe = Recipe(quantization=AWQ(ignore=["lm_head", "re:.*down_proj"]))
+    verdict = compatibility.check(recipe, smol, platform.detect())
+    assert any("mlp.down_proj of layer 0 all unquantized" in r for r in verdict.refusals), verdict.refusals
+    assert not compatibility.check(Recipe(quantization=AWQ(ignore=["lm_head", "re:.*q_proj"])), smol, platform.detect()).refusals
+
+
+def test_calibration_text_is_part_of_the_artifact_key(smol: sources.Model, tmp_path: Path) -> None:
+    """The same recipe over changed calibration text is another artifact, never a reused one."""
+    from llmopt.jobs import runner
+
+    data = tmp_path / "calib.jsonl"
+    data.write_text('{"text": "one"}\n')
+    recipe = Recipe(quantization=SmoothQuant(calibration=Calibration(dataset=str(data))))
+    before = runner._key_extras(recipe, smol)
+    data.write_text('{"text": "two"}\n')
+    assert runner._key_extras(recipe, smol)["calibration"] != before["calibration"]
+    assert runner._key_extras(Recipe(quantization=AWQ()), smol)["calibration"] == calibration.fingerprint(Calibration())
