@@ -94,7 +94,7 @@ def apply(ctx: BuildContext) -> None:
 
     record["seconds"] = round(time.monotonic() - started, 1)
     record["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    record["estimated_peak_bytes"] = estimate_peak_bytes(q, config, _weight_bytes(source))
+    record["estimated_peak_bytes"] = estimate_peak_bytes(q, config, ctx.source.size_bytes)  # as the compatibility check saw it
     record["size_bytes"] = _weight_bytes(ctx.workdir)
     record["source_size_bytes"] = _weight_bytes(source)
     ctx.metrics["quantization"] = record
