@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import llmopt
-from llmopt import artifact, endpoints, hashing, sources
+from llmopt import artifact, endpoints, hashing, paths, sources
 from llmopt.engine import compile_cache, platform
 from llmopt.evaluation import quality
 from llmopt.jobs import store
@@ -41,6 +41,7 @@ def test_job_compiles_for_its_shapes_and_records_both_starts(compiled: llmopt.Jo
     assert any((compiled.artifact / compile_cache.ARTIFACT_DIR / "inductor").rglob("*.py")), "compiled kernels are shipped"
     # the measure step's start, after the compile step, compiled nothing
     assert manifest.metrics["start"]["outcome"] == "precompiled" and manifest.metrics["start"]["compiled_files_added"] == 0
+    assert manifest.metrics["greedy_agreement"]["identical_outputs"] == 1.0  # compiling changes no output
 
 
 def _compiled_code(entry: Path) -> dict[Path, int]:
@@ -131,3 +132,32 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
     assert len(set(changed.values())) == len(changed)
     # names and seeds do not change the compiled code
     assert _key(tmp_path, args={"served-model-name": "other", "seed": 7}) == base
+
+
+def test_a_start_that_died_compiling_leaves_nothing_to_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed mid-compile, Inductor leaves a library cut short that every later start would fail
+    to load ('file too short'): the next start discards the entry's compiled files instead."""
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "home"))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"w")
+    (model / "config.json").write_text("{}")
+    hw = platform.Hardware(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, cpu_flags=("avx512f",), gpu=None)
+    entry = compile_cache.entry_for(model, {"max-model-len": 64}, hw)
+    good = compile_cache.Watch(entry)
+    (entry.path / "inductor" / "aa").mkdir(parents=True)
+    (entry.path / "inductor" / "aa" / "graph.so").write_bytes(b"\x7fELF" * 1000)
+    assert good.ready(1.0)["outcome"] == "compiled"
+    assert compile_cache.Watch(entry).ready(0.5)["outcome"] == "precompiled"  # a whole start keeps what is there
+
+    compile_cache.Watch(entry).close()  # a start that failed before compiling anything (a port taken, say)
+    assert compile_cache.Watch(entry).ready(0.5)["outcome"] == "precompiled"
+
+    dying = compile_cache.Watch(entry)
+    (entry.path / "inductor" / "bb").mkdir()
+    (entry.path / "inductor" / "bb" / "cut.so").write_bytes(b"\x7f")  # the process was killed here
+    dying.close()
+    after = compile_cache.Watch(entry)
+    assert after.discarded == 2 and entry.compiled_files() == set()
+    result = after.ready(2.0)
+    assert result["outcome"] == "compiled" and result["discarded_interrupted_compile_files"] == 2

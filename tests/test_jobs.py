@@ -19,7 +19,7 @@ from llmopt import artifact, client, compatibility, hashing, sources
 from llmopt.engine import vllm
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
-from llmopt.recipe import DraftModel, Recipe, Sharding
+from llmopt.recipe import DraftModel, NGram, Recipe, Sharding, SpeculationSweep
 
 from conftest import assert_one_line_error, run_cli
 
@@ -208,6 +208,11 @@ def test_draft_larger_than_target_is_refused(smol: sources.Model, tmp_path: Path
 
 def test_no_recommended_draft_for_smollm2(smol: sources.Model) -> None:
     _refused(smol.id, Recipe(speculative=DraftModel()), "no smaller sibling", "ngram")
+
+
+def test_unreadable_sweep_workload_is_refused(smol: sources.Model, tmp_path: Path) -> None:
+    sweep = SpeculationSweep(dataset=str(tmp_path / "mine.jsonl"))
+    _refused(smol.id, Recipe(speculative=NGram(sweep=sweep)), "speculative.sweep.dataset", "mine.jsonl")
 
 
 def test_missing_model_keeps_a_failed_record() -> None:

@@ -10,22 +10,23 @@ from pathlib import Path
 import pytest
 
 import llmopt
-from llmopt import artifact, client, compatibility, sources
+from llmopt import artifact, client, compatibility, corpus, sources
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
+from llmopt.evaluation import quality
 from llmopt.jobs import store
 from llmopt.recipe import AWQ, FP8, Calibration, KVCache, Recipe, SmoothQuant
 from llmopt.techniques import calibration, schemes
 
 from conftest import assert_one_line_error, run_cli
 
-QUICK = Calibration(samples=16, sequence_length=256)  # SmoothQuant stays within 3% on less data than AWQ needs
 SCHEMES = {
     # name: (recipe, the kernel vLLM must pick on CPU, checkpoint format)
     # AWQ's defaults land at +11.5-11.8% against its 12% budget (benchmarks/awq_quality.py); CI
     # allows 15% so calibration-order noise cannot fail it, and the budget itself is tested below.
     "awq": (Recipe(quantization=AWQ(max_perplexity_increase=0.15)), "CPUWNA16LinearKernel", "pack-quantized"),
-    "smoothquant": (Recipe(quantization=SmoothQuant(calibration=QUICK)), "CPUInt8ScaledMMLinearKernel", "int-quantized"),
+    # the built-in smoothquant recipe: `llmopt demo` (tests/test_demo.py) built it first, so this job reuses its artifact
+    "smoothquant": (Recipe(quantization=SmoothQuant()), "CPUInt8ScaledMMLinearKernel", "int-quantized"),
     "fp8-block+kv-fp8": (Recipe(quantization=FP8(scheme="block"), kv_cache=KVCache(dtype="fp8")), "CPUFp8BlockScaledMMKernel",
                          "float-quantized"),
 }
@@ -75,9 +76,14 @@ def test_scheme_end_to_end(quantized, baseline: llmopt.Job, smol: sources.Model)
     assert increase <= manifest.recipe["quantization"]["max_perplexity_increase"]
 
     with job.deploy(name=f"ep-{scheme}") as endpoint:
-        answers = {q: client.chat(endpoint.url, job.name, q, max_tokens=24).text for q in FACTS}
+        # the endpoint serves the very model the job measured within budget...
+        served = quality.perplexity(endpoint.url, endpoint.served_name, corpus.heldout_texts())
+        assert served.perplexity == pytest.approx(metrics["perplexity"]["perplexity"], rel=0.01)
+        # ...and it talks sense. A 4-bit 135M model gets 2-4 of these right from run to run (AWQ once
+        # answered France in French, and gave a week 31 days); a broken checkpoint gets none.
+        answers = {q: client.chat(endpoint.url, endpoint.served_name, q, max_tokens=24).text for q in FACTS}
         right = [q for q, expected in FACTS.items() if re.search(expected, answers[q], re.IGNORECASE)]
-        assert len(right) >= 3, answers  # coherent; a 4-bit 135M model misses a fact or two (AWQ answered France in French)
+        assert len(right) >= 2 and all(len(a.split()) >= 3 for a in answers.values()), answers
         if kv_fp8:
             assert json.loads(endpoint.engine_args)["kv-cache-dtype"] == "fp8"
 
@@ -89,7 +95,7 @@ def test_calibration_is_recorded(quantized) -> None:
         assert "calibration" not in q  # data-free
         assert q["block_size"] == [64, 128] and "does not divide" in q["fit_note"]
         return
-    cal, asked = q["calibration"], (AWQ().calibration if scheme == "awq" else QUICK)
+    cal, asked = q["calibration"], (AWQ().calibration if scheme == "awq" else SmoothQuant().calibration)
     assert cal["dataset"] == "builtin" and cal["samples_requested"] == asked.samples and 0 < cal["samples"] <= asked.samples
     assert cal["sequence_length"] == asked.sequence_length and cal["tokens"] == cal["samples"] * asked.sequence_length
     assert len(cal["sha256"]) == 64

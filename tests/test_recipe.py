@@ -9,7 +9,7 @@ import pytest
 from llmopt import compatibility, recipe
 from llmopt.engine.platform import Hardware
 from llmopt.errors import LlmoptError
-from llmopt.recipe import AWQ, FP8, Compilation, DraftModel, KVCache, NGram, Recipe, Sharding, SmoothQuant
+from llmopt.recipe import AWQ, FP8, Compilation, DraftModel, KVCache, NGram, Recipe, Sharding, SmoothQuant, SpeculationSweep
 
 CPU = Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=(), gpu=None, gpu_count=0)
 
@@ -22,7 +22,8 @@ FULL = Recipe(
 )
 
 
-@pytest.mark.parametrize("value", [FULL, Recipe(), Recipe(quantization=SmoothQuant(alpha=0.5)), Recipe(quantization=FP8(scheme="dynamic")), Recipe(speculative=NGram(prompt_lookup_max=6))])
+@pytest.mark.parametrize("value", [FULL, Recipe(), Recipe(quantization=SmoothQuant(alpha=0.5)), Recipe(quantization=FP8(scheme="dynamic")), Recipe(speculative=NGram(prompt_lookup_max=6)),
+    Recipe(speculative=NGram(disable_above_batch="never")), Recipe(speculative=NGram(disable_above_batch=4, sweep=SpeculationSweep(concurrency=(1, 16))))])
 def test_round_trip_yaml_and_json(value: Recipe, tmp_path: Path) -> None:
     for suffix in (".yaml", ".json"):
         path = tmp_path / f"r{suffix}"
@@ -57,6 +58,10 @@ def test_contradictions_are_refused() -> None:
         recipe.parse({"speculative": {"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}})
     with pytest.raises(LlmoptError, match="num_speculative_tokens must be smaller"):
         recipe.parse({"speculative": {"method": "ngram", "num_speculative_tokens": 8}, "compilation": {"max_model_len": 8}})
+    with pytest.raises(LlmoptError, match="increasing positive integers"):
+        recipe.parse({"speculative": {"method": "ngram", "sweep": {"concurrency": [4, 1]}}})
+    with pytest.raises(LlmoptError, match="disable_above_batch must be positive"):
+        recipe.parse({"speculative": {"method": "ngram", "disable_above_batch": 0}})
 
 
 def test_flags_replace_sections_and_drop_the_name(tmp_path: Path) -> None:

@@ -1,36 +1,72 @@
 """Speculative decoding end to end: n-gram and a draft model (the packaged model drafting for
 itself: the plumbing of a real pair, without the 1.5B in CI), verified running, measured per
-concurrency, switched off above a batch size, and lossless at temperature 0."""
+concurrency against no speculation on the user's workload, switched off above the batch size where
+it stops paying, and lossless at temperature 0."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
 import llmopt
-from llmopt import artifact, endpoints
+from llmopt import artifact, corpus, endpoints
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
 from llmopt.jobs import store
-from llmopt.recipe import DraftModel, NGram, Recipe
+from llmopt.recipe import DraftModel, NGram, Recipe, SpeculationSweep
+from llmopt.techniques import speculative
 
 from conftest import SMALL_ENGINE
 
 
+def _copy_heavy_workload(path: Path) -> Path:
+    """The user's own data: edits of a passage, whose answers copy from the prompt (where prompt lookup pays)."""
+    lines = [{"prompt": f"Copy this text out word for word, fixing nothing:\n\n{p.text}", "max_tokens": 128}
+             for p in corpus.passages("heldout")]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
 @pytest.fixture(scope="module")
-def ngram_job(smol) -> llmopt.Job:
-    job = llmopt.optimize(smol.id, Recipe(speculative=NGram(disable_above_batch=2)), name="ngram-job")
+def ngram_job(smol, tmp_path_factory: pytest.TempPathFactory) -> llmopt.Job:
+    dataset = _copy_heavy_workload(tmp_path_factory.mktemp("sweep") / "copy.jsonl")
+    sweep = SpeculationSweep(dataset=str(dataset), concurrency=(1, 8), requests=8)
+    job = llmopt.optimize(smol.id, Recipe(speculative=NGram(sweep=sweep)), name="ngram-job")
     assert job.status == store.COMPLETED, job.record.failure_reason
     return job
 
 
+def test_ngram_sweep_switches_speculation_off_where_it_stops_paying(ngram_job: llmopt.Job) -> None:
+    manifest = artifact.load(ngram_job.artifact)
+    assert [s["name"] for s in manifest.steps] == ["weights", "speculative", "speculation-sweep", "measure"]
+    sweep = manifest.metrics["speculation_sweep"]
+    low, high = sweep["levels"]
+    assert (low["concurrency"], high["concurrency"]) == (1, 8)
+    for row in (low, high):
+        assert row["speedup"] == pytest.approx(row["output_tokens_per_s"] / row["output_tokens_per_s_without"], abs=2e-3)
+    assert low["speedup"] >= 1.0 and low["acceptance_rate"] > 0 and low["mean_accepted_length"] > 1
+    config = manifest.engine["args"]["speculative-config"]
+    assert config["method"] == "ngram" and config["num_speculative_tokens"] == 2
+    if high["speedup"] < 1.0:  # switched off above the last level that paid
+        assert sweep["disable_above_batch"] == 1 and sweep["first_level_below_1x"] == 8
+        assert config["num_speculative_tokens_per_batch_size"] == speculative.schedule(2, 1) == [[1, 1, 2], [2, 65536, 0]]
+    else:
+        assert "disable_above_batch" not in sweep and "num_speculative_tokens_per_batch_size" not in config
+
+
+def test_speculation_off_when_it_does_not_pay() -> None:
+    rows = [{"concurrency": c, "speedup": x, "acceptance_rate": 0.4} for c, x in [(1, 1.3), (2, 1.1), (4, 0.9), (8, 1.05)]]
+    assert speculative.switch_off_above(rows, "w") == 2  # the first loss decides, whatever follows
+    assert speculative.switch_off_above(rows[:2], "w") is None
+    with pytest.raises(LlmoptError, match=r"does not pay here: c1 0.95x, c2 1.10x .* on w \(acceptance 0.40\)"):
+        speculative.switch_off_above([{**rows[0], "speedup": 0.95}, rows[1]], "w")
+
+
 def test_ngram_artifact_is_verified_and_lossless(ngram_job: llmopt.Job, baseline: llmopt.Job, endpoint) -> None:
     manifest = artifact.load(ngram_job.artifact)
-    config = manifest.engine["args"]["speculative-config"]
-    assert config["method"] == "ngram" and config["num_speculative_tokens"] == 4
-    assert config["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 65536, 0]]
     spec = manifest.metrics["speculative"]
     assert spec["drafts"] > 0 and 0 < spec["acceptance_rate"] <= 1 and spec["mean_accepted_length"] > 1
     # temperature 0, batch 1, same engine: speculation must not change the outputs, except where
@@ -38,6 +74,7 @@ def test_ngram_artifact_is_verified_and_lossless(ngram_job: llmopt.Job, baseline
     base = artifact.load(baseline.artifact).metrics["greedy_tokens"]
     spec_tokens = manifest.metrics["greedy_tokens"]
     agreement = quality.agreement(base, spec_tokens)
+    assert manifest.metrics["greedy_agreement"] == agreement  # the job reports it against the source's outputs
     parted = quality.divergences(endpoint.url, endpoint.served_name, AutoTokenizer.from_pretrained(endpoint.model_path),
                                  base, spec_tokens)
     assert all(d["tie"] for d in parted), (agreement, parted)
@@ -51,13 +88,18 @@ def test_ngram_deploy_reports_acceptance_per_concurrency(ngram_job: llmopt.Job) 
         results = llmopt.evaluate(endpoint=endpoint.name, dataset="builtin-qa", concurrency=[1, 4], requests=8, quality=False)
     low, high = results["targets"][0]["levels"]
     assert low["speculative"]["acceptance_rate"] > 0 and low["speculative"]["mean_accepted_length"] > 1
-    # above batch 2 the schedule proposes nothing, so batched requests get fewer drafts per token
     per_token = lambda lvl: (lvl["speculative"] or {"drafts": 0})["drafts"] / lvl["server_counted_tokens"]["output"]  # noqa: E731
-    assert per_token(high) < per_token(low), (per_token(low), per_token(high))
+    if artifact.load(ngram_job.artifact).metrics["speculation_sweep"].get("disable_above_batch") == 1:
+        # batched, the schedule proposes nothing: only the requests that ran alone got drafts
+        assert per_token(high) < per_token(low), (per_token(low), per_token(high))
+    else:
+        assert high["speculative"]["acceptance_rate"] > 0
 
 
 def test_draft_model_job_with_the_target_as_its_own_draft(smol) -> None:
-    job = llmopt.optimize(smol.id, Recipe(speculative=DraftModel(smol.id, num_speculative_tokens=3)), name="draft-job", wait=False)
+    # the target drafting for itself never pays, so the recipe speculates at every batch size
+    recipe = Recipe(speculative=DraftModel(smol.id, num_speculative_tokens=3, disable_above_batch="never"))
+    job = llmopt.optimize(smol.id, recipe, name="draft-job", wait=False)
     assert any("is the target itself" in w for w in job.warnings)
     job.wait()
     assert job.status == store.COMPLETED, job.record.failure_reason

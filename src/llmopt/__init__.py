@@ -8,7 +8,9 @@
 from llmopt.endpoints import Endpoint
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
-from llmopt.recipe import AWQ, FP8, Calibration, Compilation, DraftModel, KVCache, NGram, Recipe, Sharding, SmoothQuant
+from llmopt.recipe import (
+    AWQ, FP8, Calibration, Compilation, DraftModel, KVCache, NGram, Recipe, Sharding, SmoothQuant, SpeculationSweep,
+)
 from llmopt.jobs.runner import Job
 from llmopt.sdk import deploy, evaluate, export_command, import_model, optimize
 
@@ -29,6 +31,7 @@ __all__ = [
     "Recipe",
     "Sharding",
     "SmoothQuant",
+    "SpeculationSweep",
     "deploy",
     "evaluate",
     "export_command",

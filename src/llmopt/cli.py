@@ -8,7 +8,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -331,6 +331,26 @@ def _levels(text: str) -> list[int]:
         raise LlmoptError(f"bad --concurrency '{text}'", "give comma-separated integers, e.g. 1,2,4") from None
 
 
+@contextmanager
+def _evaluation_progress() -> Iterator[Callable[..., None]]:
+    """Progress bars for an evaluation: a spinner per deploy, a bar per concurrency level."""
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err, transient=True) as bar:
+        current: dict[str, int] = {}
+
+        def events(kind: str, **data) -> None:
+            if kind == "deploying":
+                current["task"] = bar.add_task(f"deploying {data['target']}", total=None)
+            elif kind == "level":
+                current["task"] = bar.add_task(f"{data['target']} @ concurrency {data['concurrency']}", total=data["total"])
+            elif kind == "request" and "task" in current:
+                bar.advance(current["task"])
+            elif kind == "quality":
+                current["task"] = bar.add_task(f"{data['target']}: quality", total=None)
+
+        yield events
+
+
 @app.command()
 def evaluate(
     endpoint: Optional[str] = typer.Option(None, help="Name of a running llmopt endpoint."),
@@ -356,20 +376,7 @@ def evaluate(
     """Load-test at several concurrency levels and report latency, throughput, price and quality."""
     from llmopt.evaluation import report
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
-        current: dict[str, int] = {}
-
-        def events(kind: str, **data) -> None:
-            if kind == "deploying":
-                current["task"] = bar.add_task(f"deploying {data['target']}", total=None)
-            elif kind == "level":
-                current["task"] = bar.add_task(f"{data['target']} @ concurrency {data['concurrency']}", total=data["total"])
-            elif kind == "request" and "task" in current:
-                bar.advance(current["task"])
-            elif kind == "quality":
-                current["task"] = bar.add_task(f"{data['target']}: quality", total=None)
-
+    with _evaluation_progress() as events:
         results = sdk.evaluate(endpoint=endpoint, url=url, model=model, compare=compare, dataset=dataset,
                                concurrency=_levels(concurrency), requests=requests, duration_s=duration, output=output,
                                hardware=hardware, price_per_hour=price_per_hour, discount=discount,
@@ -391,13 +398,31 @@ def evaluate(
 
 @app.command()
 def demo(
-    model: str = typer.Option(catalog.DEFAULT_MODEL, help="Model to demo."),
-    max_tokens: int = typer.Option(64, help="Tokens per answer."),
+    model: str = typer.Option(catalog.DEFAULT_MODEL, help="Model to optimize."),
+    recipe: str = typer.Option("smoothquant", "--recipe", "-r", help="Built-in recipe name or YAML/JSON file."),
+    requests: int = typer.Option(8, help="Requests per concurrency level."),
+    output: Path = typer.Option(Path("llmopt-demo"), help="Folder for results.json and report.html."),
 ) -> None:
-    """Import the default model, deploy it, ask it a few questions with timings, and stop it."""
+    """The main job: optimize a model with a recipe, then load-test it side by side with the original."""
     from llmopt import demo as demo_module
+    from llmopt.evaluation import report
 
-    demo_module.run(model, max_tokens, console, _working)
+    chosen = recipes.load(recipe)
+    with _working(f"importing {model} (once)"):
+        imported = sources.resolve(model)
+    console.print(f"model [bold]{imported.id}[/] at {imported.path} (sha256 {imported.content_hash[:12]})")
+    job = sdk.optimize(imported.id, chosen, wait=False)
+    for warning in job.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    if job.reused_from:
+        console.print(f"job [bold]{job.name}[/] reuses the artifact of job {job.reused_from}")
+    _follow_job(job.name)
+    with _evaluation_progress() as events:
+        results = sdk.evaluate(compare=[imported.id, str(store.get(job.name).artifact)], dataset="builtin-qa",
+                               concurrency=demo_module.CONCURRENCY, requests=requests, output=output, events=events)
+    report.table(results, console)
+    console.print(demo_module.verdict(results))
+    console.print(f"results: {output / report.RESULTS_FILE}  report: {output / report.REPORT_FILE}")
 
 
 def main() -> None:

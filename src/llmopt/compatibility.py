@@ -76,11 +76,25 @@ def _tensor_parallel_devices(recipe: Recipe, target: Model, config: dict, hardwa
         verdict.refusals.append(f"{heads} attention heads do not split over {degree} devices; use a degree that divides {heads}")
 
 
-def _draft_fits_target(recipe: Recipe, target: Model, config: dict, hardware: Hardware, verdict: Verdict) -> None:
+def _speculation_fits(recipe: Recipe, target: Model, config: dict, hardware: Hardware, verdict: Verdict) -> None:
+    """A draft fits its target; the workload the sweep measures on can be read."""
+    from llmopt.evaluation import workload
     from llmopt.techniques import speculative
 
-    assert isinstance(recipe.speculative, DraftModel)
-    speculative.check_draft(recipe.speculative, target, verdict)
+    spec = recipe.speculative
+    assert spec is not None
+    if isinstance(spec, DraftModel):
+        speculative.check_draft(spec, target, verdict)
+    if spec.disable_above_batch == "auto":
+        try:
+            tokenizer = None
+            if spec.sweep.dataset.startswith("synthetic:"):
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(target.path)
+            workload.load(spec.sweep.dataset, count=1, tokenizer=tokenizer)
+        except LlmoptError as exc:
+            verdict.refusals.append(f"speculative.sweep.dataset: {exc.problem}; {exc.fix}")
 
 
 def _quantization_fits(recipe: Recipe, target: Model, config: dict, hardware: Hardware, verdict: Verdict) -> None:
@@ -104,5 +118,5 @@ def _quantization_fits(recipe: Recipe, target: Model, config: dict, hardware: Ha
 CHECKS: dict[str, Callable[[Recipe, Model, dict, Hardware, Verdict], None]] = {
     "quantization_fits": _quantization_fits,
     "tensor_parallel_devices": _tensor_parallel_devices,
-    "draft_fits_target": _draft_fits_target,
+    "speculation_fits": _speculation_fits,
 }

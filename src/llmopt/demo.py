@@ -1,41 +1,24 @@
-"""`llmopt demo`: the main job on the default model, end to end on the real engine."""
+"""`llmopt demo`, the main job on the default model: optimize it (SmoothQuant W8A8 by default, the
+recipe that pays most on CPU), then load both the original and the artifact, side by side on the
+real engine, and say in one line what the recipe bought and what it cost."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
-from llmopt import client, sdk, sources
-
-PROMPTS = (
-    "What is the capital of France? Answer in one sentence.",
-    "Write a haiku about a fast computer.",
-    "Give three tips for writing clear code.",
-)
+CONCURRENCY = (1, 4)
 
 
-def run(model: str, max_tokens: int, console: Console, working: Callable) -> None:
-    with working(f"importing {model} (once)"):
-        imported = sources.resolve(model)
-    console.print(f"model [bold]{imported.id}[/] at {imported.path} (sha256 {imported.content_hash[:12]})")
-    with working("starting vLLM (60-100 s on 2 cores)"):
-        endpoint = sdk.deploy(imported.id)
-    with endpoint:
-        console.print(f"endpoint {endpoint.name} ready at {endpoint.url} in {endpoint.seconds_to_ready:.1f} s")
-        table = Table(title=f"{imported.id} on vLLM", show_lines=True)
-        for column in ("prompt", "answer", "TTFT ms", "total s", "tokens", "tok/s"):
-            table.add_column(column)
-        for prompt in PROMPTS:
-            result = client.chat(endpoint.url, endpoint.served_name, prompt, max_tokens=max_tokens)
-            table.add_row(
-                prompt,
-                result.text.strip(),
-                f"{result.seconds_to_first_token * 1000:.0f}",
-                f"{result.seconds_total:.2f}",
-                str(result.completion_tokens),
-                f"{result.tokens_per_second:.1f}",
-            )
-        console.print(table)
-    console.print(f"stopped {endpoint.name}")
+def verdict(results: dict[str, Any]) -> str:
+    """The optimized target against the original: throughput per level, price and quality."""
+    row = results["comparison"]["targets"][0]
+    speed = ", ".join(f"{lvl['output_tokens_per_s']:.2f}x output tokens/s at concurrency {lvl['concurrency']}"
+                      for lvl in row["levels"])
+    busiest = row["levels"][-1]
+    parts = [f"{row['label']} against {row['reference']}: {speed}",
+             f"{busiest['blended_price']:.2f}x the price per token at concurrency {busiest['concurrency']}"]
+    if "perplexity_ratio" in row:
+        parts.append(f"perplexity {100 * (row['perplexity_ratio'] - 1):+.1f}%")
+    if "greedy_agreement" in row:
+        parts.append(f"{row['greedy_agreement']['token_agreement']:.0%} of greedy tokens agree")
+    return "; ".join(parts)

@@ -95,7 +95,11 @@ def deploy(
     args = spec.args()
     cache = compile_cache.Watch(compile_cache.entry_for(spec.model_path, args))
     env = {**spec.env, **cache.entry.env}
-    server = vllm.start_server(spec.model_path, args, env, log_path, host, port)
+    try:
+        server = vllm.start_server(spec.model_path, args, env, log_path, host, port)
+    except BaseException:
+        cache.close()
+        raise
     endpoint = Endpoint(
         name=name,
         model=spec.model_label,
@@ -116,14 +120,16 @@ def deploy(
     _insert(endpoint)
     try:
         server.wait_ready(timeout_s)
+        started = cache.ready(round(time.time() - endpoint.started_at, 2))
         verification = _verify(endpoint)
     except BaseException as exc:
+        cache.close()
         reason = exc.problem.splitlines()[0] if isinstance(exc, LlmoptError) else f"interrupted ({type(exc).__name__})"
         server.stop()
         _update(name, status=FAILED, failure_reason=reason, stopped_at=time.time())
         raise
     endpoint.status, endpoint.ready_at = READY, time.time()
-    verification["compile_cache"] = cache.result(round(endpoint.ready_at - endpoint.started_at, 2))
+    verification["compile_cache"] = started
     endpoint.verification = json.dumps(verification)
     _update(name, status=READY, ready_at=endpoint.ready_at, verification=endpoint.verification)
     return endpoint

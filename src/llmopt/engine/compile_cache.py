@@ -14,18 +14,22 @@ keeps entries for different models, shapes and machines apart, countable and pru
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from llmopt import hashing, paths
 from llmopt.engine import platform
 
 SCHEMA = 1
 KEY_FILE = "key.json"
+LOCK_FILE = ".lock"
+STARTING_FILE = ".starting"  # present while a start that may compile is under way
 ARTIFACT_DIR = "compile-cache"  # an artifact's own copy of its entry
 # Engine flags that do not change compiled code.
 IRRELEVANT_ARGS = ("served-model-name", "seed")
@@ -103,19 +107,50 @@ class Entry:
 
 
 class Watch:
-    """One engine start against an entry: was it served from the cache, or did it compile?"""
+    """One engine start against an entry: was it served from the cache, or did it compile?
+
+    Starts of one key take turns (a file lock held until the engine is ready), so the second of
+    two finds the first's graphs. A start that never got ready (killed mid-compile, crashed) may
+    have left a compiled library cut short, which Inductor would then fail to load ("file too
+    short") on every later start: its marker outlives it, and the next start discards the entry's
+    compiled files and compiles afresh."""
 
     def __init__(self, entry: Entry) -> None:
         self.entry = entry
+        self._lock: IO[str] | None = open(entry.path / LOCK_FILE, "a")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        marker = entry.path / STARTING_FILE
+        self.discarded = 0
+        if marker.exists():
+            self.discarded = len(entry.compiled_files())
+            for folder in ("inductor", "vllm"):
+                shutil.rmtree(entry.path / folder, ignore_errors=True)
+        marker.write_text(str(os.getpid()))
         self.before = entry.compiled_files()
 
-    def result(self, ready_seconds: float) -> dict[str, Any]:
+    def ready(self, ready_seconds: float) -> dict[str, Any]:
+        """The engine answered: what it compiled is whole. Lets the next start of this key go."""
         added = len(self.entry.compiled_files() - self.before)
         if not self.before:
             self.entry.record(cold_ready_seconds=ready_seconds)
+        (self.entry.path / STARTING_FILE).unlink(missing_ok=True)
+        self.close()
         outcome = "precompiled" if self.before and not added else "compiled" if not self.before else "partly compiled"
-        return {"key": self.entry.key, "outcome": outcome, "compiled_files_added": added,
-                "ready_seconds": ready_seconds, "cold_ready_seconds": self.entry.meta.get("cold_ready_seconds")}
+        result = {"key": self.entry.key, "outcome": outcome, "compiled_files_added": added,
+                  "ready_seconds": ready_seconds, "cold_ready_seconds": self.entry.meta.get("cold_ready_seconds")}
+        if self.discarded:
+            result["discarded_interrupted_compile_files"] = self.discarded
+        return result
+
+    def close(self) -> None:
+        """Let the next start go; a start that ended before ready without compiling anything left nothing to discard."""
+        marker = self.entry.path / STARTING_FILE
+        if self._lock is not None and marker.exists() and self.entry.compiled_files() == self.before:
+            marker.unlink()
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
 
 
 def root() -> Path:
@@ -152,7 +187,7 @@ def entry_for(model_path: str | Path, args: dict[str, object], hw: platform.Hard
 
 def export(entry: Entry, dest: Path) -> None:
     """Copy an entry into an artifact, so the artifact carries its compiled code."""
-    shutil.copytree(entry.path, dest, ignore=shutil.ignore_patterns("locks"))
+    shutil.copytree(entry.path, dest, ignore=shutil.ignore_patterns("locks", LOCK_FILE, STARTING_FILE))
 
 
 def list_entries() -> list[Entry]:

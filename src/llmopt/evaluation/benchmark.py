@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -105,9 +105,7 @@ def run(targets: list[tuple[str, str]], spec: EvaluationSpec, price: pricing.Har
         try:
             counter = TokenCounter.from_path(target.tokenizer_path) if target.tokenizer_path else None
             if work is None:
-                count = max(spec.requests or 64, max(spec.concurrency)) + max(spec.concurrency)  # + warm-up
-                work = workloads.load(spec.dataset, seed=spec.seed, count=count,
-                                      tokenizer=counter.tokenizer if counter else None)
+                work = _workload(spec, counter)
                 results["workload"] = work.describe()
             entry = _evaluate_target(target, work, counter, spec, price, events)
         finally:
@@ -121,6 +119,24 @@ def run(targets: list[tuple[str, str]], spec: EvaluationSpec, price: pricing.Har
         if entry["aborted"]:
             break
     return results
+
+
+def levels(url: str, served_name: str, tokenizer_path: str, spec: EvaluationSpec) -> list[dict[str, Any]]:
+    """Load one server at each concurrency level, throughput and latency only: what a job needs to
+    compare two engine settings side by side."""
+    spec.validate()
+    counter = TokenCounter.from_path(tokenizer_path)
+    target = Target(url, "url", url, served_name, tokenizer_path)
+    price = pricing.choose(None, None, None)
+    entry = _evaluate_target(target, _workload(spec, counter), counter, replace(spec, quality=False), price, lambda *a, **k: None)
+    if entry["aborted"]:
+        raise LlmoptError(f"load test against {url} aborted: {entry['aborted']}", "see the engine log")
+    return entry["levels"]
+
+
+def _workload(spec: EvaluationSpec, counter: TokenCounter | None) -> workloads.Workload:
+    count = max(spec.requests or 64, max(spec.concurrency)) + max(spec.concurrency)  # + warm-up
+    return workloads.load(spec.dataset, seed=spec.seed, count=count, tokenizer=counter.tokenizer if counter else None)
 
 
 def _evaluate_target(target: Target, work: workloads.Workload, counter: TokenCounter | None,

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from llmopt import compatibility, paths, procs, sources
+from llmopt import compatibility, hashing, paths, procs, sources
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.jobs import pipeline, store
@@ -123,7 +123,8 @@ def _spawn(name: str, log_path: Path) -> None:
         popen = subprocess.Popen(
             [sys.executable, "-m", "llmopt.jobs.worker", name],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=os.environ.copy(), start_new_session=True,
+            # the job reports progress per step; llm-compressor's and transformers' bars would only fill its log
+            env={**os.environ, "TQDM_DISABLE": "1"}, start_new_session=True,
         )
     store.update(name, pid=popen.pid, pid_create_time=procs.create_time(popen.pid))
 
@@ -144,7 +145,8 @@ def _check_output(output_dir: Path) -> None:
 
 def _key_extras(recipe: Recipe, source: sources.Model) -> dict:
     """Inputs beyond the source and recipe that change the artifact: the draft model's content,
-    and the calibration text (the built-in set changes between versions; a user's file may change)."""
+    the calibration text (the built-in set changes between versions; a user's file may change) and
+    the user's workload a speculation sweep measures on."""
     extras = {}
     if isinstance(recipe.speculative, DraftModel):
         from llmopt.techniques import speculative
@@ -155,4 +157,7 @@ def _key_extras(recipe: Recipe, source: sources.Model) -> dict:
         from llmopt.techniques import calibration
 
         extras["calibration"] = calibration.fingerprint(calibration_spec)
+    sweep_file = Path(recipe.speculative.sweep.dataset) if recipe.speculative else None
+    if sweep_file is not None and sweep_file.is_file():  # where speculation pays depends on the user's workload
+        extras["sweep"] = hashing.file_sha256(sweep_file)
     return extras

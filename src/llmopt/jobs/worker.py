@@ -43,6 +43,7 @@ def run(name: str) -> int:
     record = store.get(name)
     log = logging.getLogger(f"llmopt.job.{name}")
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request to the measuring engine says nothing
     signal.signal(signal.SIGTERM, _on_sigterm)
     workdir, output = record.workdir, Path(record.output_dir or "")
     assert workdir is not None

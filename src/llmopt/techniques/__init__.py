@@ -45,6 +45,8 @@ def plan(recipe: Recipe) -> list[Step]:
         steps.append(Step("engine-settings", settings.apply))
     if recipe.speculative:
         steps.append(Step("speculative", speculative.apply))
+        if recipe.speculative.disable_above_batch == "auto":
+            steps.append(Step("speculation-sweep", speculative.sweep))
     if recipe.compilation:
         steps.append(Step("compile", compilation.apply))
     steps.append(Step("measure", measure.run))

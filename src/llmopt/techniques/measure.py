@@ -7,23 +7,17 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-from llmopt import artifact, corpus, hashing, paths
-from llmopt.engine import compile_cache
+from llmopt import corpus, hashing, paths
 from llmopt.engine import metrics as engine_metrics
 from llmopt.engine import vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
-from llmopt.techniques import BuildContext
+from llmopt.techniques import BuildContext, compilation
+from llmopt.techniques.served import SERVED_NAME, served
 
-MEASURE_SERVED_NAME = "artifact-under-test"
-READY_TIMEOUT_S = 900.0
 KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)$", re.MULTILINE)  # the linear kernel per layer type
 
 
@@ -33,23 +27,30 @@ def run(ctx: BuildContext) -> None:
         server, ready_seconds = run.server, run.ready_seconds
         ctx.metrics["ready_seconds"] = ready_seconds
         ctx.metrics["start"] = run.compile_cache
+        if ctx.recipe.compilation:
+            compilation.record_precompiled_start(ctx, run.compile_cache)
         ctx.progress(0.5)
-        ppl = quality.perplexity(server.url, MEASURE_SERVED_NAME, corpus.heldout_texts())
+        ppl = quality.perplexity(server.url, SERVED_NAME, corpus.heldout_texts())
         ctx.metrics["perplexity"] = ppl.to_dict()
         ctx.progress(0.6)
-        ctx.metrics["greedy_tokens"] = quality.greedy_tokens(server.url, MEASURE_SERVED_NAME)
+        ctx.metrics["greedy_tokens"] = quality.greedy_tokens(server.url, SERVED_NAME)
         if ctx.engine.speculative_config:
-            ctx.metrics["speculative"] = engine_metrics.verify_speculation(server.url, MEASURE_SERVED_NAME)
+            ctx.metrics["speculative"] = engine_metrics.verify_speculation(server.url, SERVED_NAME)
             ctx.log.info("speculation verified: %s", ctx.metrics["speculative"])
         kernels = {layer: kernel for kernel, layer in KERNEL_LINE.findall(run.log_path.read_text(errors="replace"))}
         if kernels:
             ctx.metrics["kernels"] = kernels
     ctx.log.info("measured: ready in %.1f s, perplexity %.3f over %d tokens", ready_seconds, ppl.perplexity, ppl.tokens)
-    if _changes_numerics(ctx):
-        ctx.progress(0.7)
-        _against_base(ctx, ppl.perplexity)
+    if not ctx.recipe.techniques():  # this job measured the source's own numbers
+        _base_file(ctx).write_text(json.dumps({"perplexity": ppl.to_dict(), "greedy_tokens": ctx.metrics["greedy_tokens"]}))
     else:
-        _base_file(ctx).write_text(json.dumps(ppl.to_dict()))  # this job measured the source's own numbers
+        ctx.progress(0.7)
+        base = _base(ctx)
+        # temperature 0, one request at a time on both sides: speculation must agree but for bf16 ties
+        ctx.metrics["greedy_agreement"] = agreed = quality.agreement(base["greedy_tokens"], ctx.metrics["greedy_tokens"])
+        ctx.log.info("greedy outputs agree with the source's on %.1f%% of tokens", 100 * agreed["token_agreement"])
+        if _changes_numerics(ctx):
+            _against_base(ctx, ppl.perplexity, base["perplexity"])
     ctx.progress(1.0)
 
 
@@ -57,8 +58,7 @@ def _changes_numerics(ctx: BuildContext) -> bool:
     return ctx.recipe.quantization is not None or ctx.engine.kv_cache_dtype not in (None, "auto")
 
 
-def _against_base(ctx: BuildContext, perplexity: float) -> None:
-    base = _base_perplexity(ctx)
+def _against_base(ctx: BuildContext, perplexity: float, base: dict) -> None:
     increase = perplexity / base["perplexity"] - 1
     ctx.metrics["perplexity_base"] = base
     ctx.metrics["perplexity_increase"] = round(increase, 5)
@@ -74,12 +74,13 @@ def _against_base(ctx: BuildContext, perplexity: float) -> None:
 
 
 def _base_key(ctx: BuildContext) -> str:
-    """The source's perplexity depends on its weights, the engine, the dtype and the held-out text."""
+    """The source's numbers depend on its weights, the engine, the dtype, the held-out text and the prompts."""
     return hashing.json_sha256({
         "source": ctx.source.content_hash,
         "engine": vllm.engine_name_version(),
         "dtype": EngineConfig().dtype,
         "heldout": corpus.heldout_texts(),
+        "greedy_prompts": quality.GREEDY_PROMPTS,
     })
 
 
@@ -89,42 +90,15 @@ def _base_file(ctx: BuildContext) -> Path:
     return folder / f"{_base_key(ctx)}.json"
 
 
-def _base_perplexity(ctx: BuildContext) -> dict:
+def _base(ctx: BuildContext) -> dict:
+    """The source's perplexity and greedy outputs: from an earlier job's measurement, or measured now."""
     cached = _base_file(ctx)
     if cached.is_file():
-        ctx.log.info("source perplexity from an earlier measurement: %s", cached)
+        ctx.log.info("source's numbers from an earlier measurement: %s", cached)
         return json.loads(cached.read_text())
-    ctx.log.info("serving the source model to measure its perplexity")
+    ctx.log.info("serving the source model to measure its perplexity and greedy outputs")
     with served(ctx, ctx.source.path, EngineConfig(), f"measure-base{ctx.workdir.name.removeprefix('.build')}") as run:
-        base = quality.perplexity(run.server.url, MEASURE_SERVED_NAME, corpus.heldout_texts()).to_dict()
+        base = {"perplexity": quality.perplexity(run.server.url, SERVED_NAME, corpus.heldout_texts()).to_dict(),
+                "greedy_tokens": quality.greedy_tokens(run.server.url, SERVED_NAME)}
     cached.write_text(json.dumps(base))
     return base
-
-
-@dataclass
-class Served:
-    server: vllm.ServerProcess
-    log_path: Path
-    ready_seconds: float
-    compile_cache: dict  # compile_cache.Watch.result: precompiled or compiled, and the key
-    cache_entry: compile_cache.Entry
-
-
-@contextmanager
-def served(ctx: BuildContext, model_path: str, engine: EngineConfig, log_name: str) -> Iterator[Served]:
-    """A vLLM server for `model_path` in the worker's process group (a stopped job takes it down),
-    started against its compile-cache entry."""
-    args = {k: artifact.absolute(v, ctx.workdir) for k, v in engine.to_args(served_name=MEASURE_SERVED_NAME).items()}
-    cache = compile_cache.Watch(compile_cache.entry_for(model_path, args, ctx.hardware))
-    log_path = paths.logs_dir() / f"{log_name}.log"
-    ctx.log.info("serving %s; engine log: %s", model_path, log_path)
-    host = vllm.DEFAULT_HOST
-    started = time.monotonic()
-    env = {**engine.to_env(ctx.hardware), **cache.entry.env}
-    server = vllm.start_server(model_path, args, env, log_path, host, vllm.free_port(host), own_session=False)
-    try:
-        server.wait_ready(READY_TIMEOUT_S)
-        ready = round(time.monotonic() - started, 2)
-        yield Served(server, log_path, ready, cache.result(ready), cache.entry)
-    finally:
-        server.stop()

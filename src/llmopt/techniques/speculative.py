@@ -8,8 +8,10 @@ from pathlib import Path
 
 from llmopt import artifact, catalog, sources
 from llmopt.errors import LlmoptError
+from llmopt.evaluation import benchmark
 from llmopt.recipe import DraftModel, NGram
 from llmopt.techniques import BuildContext
+from llmopt.techniques.served import SERVED_NAME, served
 
 DRAFT_DIR = "draft"
 MAX_BATCH = 65536  # the end of the last range of a speculation schedule; vLLM caps it at max_num_seqs
@@ -77,13 +79,14 @@ def engine_config(spec: DraftModel | NGram, draft_path: str | None = None) -> di
         }
     else:
         config = {"method": "draft_model", "model": draft_path, "num_speculative_tokens": spec.num_speculative_tokens}
-    if spec.disable_above_batch:
-        # vLLM's dynamic speculative decoding: k tokens up to the batch size, none above it.
-        config["num_speculative_tokens_per_batch_size"] = [
-            [1, spec.disable_above_batch, spec.num_speculative_tokens],
-            [spec.disable_above_batch + 1, MAX_BATCH, 0],
-        ]
+    if isinstance(spec.disable_above_batch, int):
+        config["num_speculative_tokens_per_batch_size"] = schedule(spec.num_speculative_tokens, spec.disable_above_batch)
     return config
+
+
+def schedule(k: int, disable_above_batch: int) -> list[list[int]]:
+    """vLLM's dynamic speculative decoding: k tokens up to the batch size, none above it."""
+    return [[1, disable_above_batch, k], [disable_above_batch + 1, MAX_BATCH, 0]]
 
 
 def apply(ctx: BuildContext) -> None:
@@ -112,3 +115,57 @@ def _vocabulary(folder: Path) -> dict[str, int]:
     from transformers import AutoTokenizer
 
     return dict(AutoTokenizer.from_pretrained(folder).get_vocab())
+
+
+def sweep(ctx: BuildContext) -> None:
+    """Serve the artifact without and then with speculation, load both at each concurrency level
+    on the sweep's workload, and switch speculation off above the last level where it pays."""
+    spec = ctx.recipe.speculative
+    plan = benchmark.EvaluationSpec(dataset=spec.sweep.dataset, concurrency=spec.sweep.concurrency,
+                                    requests=spec.sweep.requests, quality=False)
+    measured = {}
+    for i, (label, engine) in enumerate([("without", ctx.engine.model_copy(update={"speculative_config": None})),
+                                         ("with", ctx.engine)]):
+        with served(ctx, str(ctx.workdir), engine, f"sweep-{label}{ctx.workdir.name.removeprefix('.build')}") as run:
+            ctx.progress(0.1 + 0.45 * i)
+            measured[label] = benchmark.levels(run.server.url, SERVED_NAME, str(ctx.workdir), plan)
+    rows = [_row(base, spec_level) for base, spec_level in zip(measured["without"], measured["with"])]
+    ctx.metrics["speculation_sweep"] = result = {"dataset": spec.sweep.dataset, "requests_per_level": spec.sweep.requests,
+                                                 "levels": rows}
+    ctx.log.info("speculation against none, output tokens/s: %s", _table(rows))
+    limit = switch_off_above(rows, spec.sweep.dataset)
+    result["first_level_below_1x"] = next((r["concurrency"] for r in rows if r["speedup"] < 1.0), None)
+    if limit is not None:
+        config = {**ctx.engine.speculative_config,
+                  "num_speculative_tokens_per_batch_size": schedule(spec.num_speculative_tokens, limit)}
+        ctx.engine = ctx.engine.model_copy(update={"speculative_config": config})
+        result["disable_above_batch"] = limit
+        ctx.log.info("speculation switched off above batch %d", limit)
+    ctx.progress(1.0)
+
+
+def switch_off_above(rows: list[dict], dataset: str) -> int | None:
+    """The last level before the first where speculation loses; None if it pays at every level.
+    A recipe whose speculation loses even at the lowest level fails: it would only cost."""
+    losing = next((i for i, row in enumerate(rows) if row["speedup"] < 1.0), None)
+    if losing == 0:
+        raise LlmoptError(
+            f"speculation does not pay here: {_table(rows)} output tokens/s against none on {dataset} "
+            f"(acceptance {rows[0]['acceptance_rate']:.2f})",
+            "sweep on a workload like yours (speculative.sweep.dataset), lower num_speculative_tokens, or drop speculation",
+        )
+    return None if losing is None else rows[losing - 1]["concurrency"]
+
+
+def _table(rows: list[dict]) -> str:
+    return ", ".join(f"c{r['concurrency']} {r['speedup']:.2f}x" for r in rows)
+
+
+def _row(base: dict, spec: dict) -> dict:
+    accepted = spec["speculative"] or {}
+    return {"concurrency": base["concurrency"],
+            "output_tokens_per_s": round(spec["output_tokens_per_s"], 2),
+            "output_tokens_per_s_without": round(base["output_tokens_per_s"], 2),
+            "speedup": round(spec["output_tokens_per_s"] / base["output_tokens_per_s"], 3),
+            "acceptance_rate": round(accepted.get("acceptance_rate", 0.0), 3),
+            "mean_accepted_length": round(accepted.get("mean_accepted_length", 0.0), 2)}

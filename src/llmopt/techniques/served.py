@@ -1,0 +1,52 @@
+"""An engine started on what a job is building (or on its source), as the job's steps need it:
+in the worker's process group, so a stopped job takes it down, and on its compile-cache entry."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from llmopt import artifact, paths
+from llmopt.engine import compile_cache, vllm
+from llmopt.engine.config import EngineConfig
+from llmopt.techniques import BuildContext
+
+SERVED_NAME = "artifact-under-test"
+READY_TIMEOUT_S = 900.0
+
+
+@dataclass
+class Served:
+    server: vllm.ServerProcess
+    log_path: Path
+    ready_seconds: float
+    compile_cache: dict  # compile_cache.Watch.ready: precompiled or compiled, and the key
+    cache_entry: compile_cache.Entry
+
+
+@contextmanager
+def served(ctx: BuildContext, model_path: str, engine: EngineConfig, log_name: str) -> Iterator[Served]:
+    """A vLLM server for `model_path` in the worker's process group (a stopped job takes it down),
+    started against its compile-cache entry."""
+    args = {k: artifact.absolute(v, ctx.workdir) for k, v in engine.to_args(served_name=SERVED_NAME).items()}
+    cache = compile_cache.Watch(compile_cache.entry_for(model_path, args, ctx.hardware))
+    log_path = paths.logs_dir() / f"{log_name}.log"
+    ctx.log.info("serving %s; engine log: %s", model_path, log_path)
+    host = vllm.DEFAULT_HOST
+    started = time.monotonic()
+    env = {**engine.to_env(ctx.hardware), **cache.entry.env}
+    try:
+        server = vllm.start_server(model_path, args, env, log_path, host, vllm.free_port(host), own_session=False)
+    except BaseException:
+        cache.close()
+        raise
+    try:
+        server.wait_ready(READY_TIMEOUT_S)
+        ready = round(time.monotonic() - started, 2)
+        yield Served(server, log_path, ready, cache.ready(ready), cache.entry)
+    finally:
+        cache.close()
+        server.stop()
