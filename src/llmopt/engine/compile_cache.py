@@ -144,13 +144,14 @@ class Watch:
 
     def close(self) -> None:
         """Let the next start go; a start that ended before ready without compiling anything left nothing to discard."""
+        if self._lock is None:
+            return
         marker = self.entry.path / STARTING_FILE
-        if self._lock is not None and marker.exists() and self.entry.compiled_files() == self.before:
+        if marker.exists() and self.entry.compiled_files() == self.before:
             marker.unlink()
-        if self._lock is not None:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
-            self._lock = None
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+        self._lock.close()
+        self._lock = None
 
 
 def root() -> Path:
