@@ -15,8 +15,7 @@ def apply(ctx: BuildContext) -> None:
     shapes = ctx.recipe.compilation
     assert shapes is not None
     ctx.engine = ctx.engine.model_copy(update={"max_num_seqs": shapes.max_num_seqs, "max_model_len": shapes.max_model_len})
-    label = ctx.workdir.name.removeprefix(".build")
-    with served(ctx, str(ctx.workdir), ctx.engine, f"compile{label}") as first:
+    with served(ctx, str(ctx.workdir), ctx.engine, "compile") as first:
         start, entry = first.compile_cache, first.cache_entry
     compile_cache.export(entry, ctx.workdir / compile_cache.ARTIFACT_DIR)
     ctx.metrics["compilation"] = {

@@ -22,8 +22,7 @@ KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)$", re.MULTIL
 
 
 def run(ctx: BuildContext) -> None:
-    label = ctx.workdir.name.removeprefix(".build")
-    with served(ctx, str(ctx.workdir), ctx.engine, f"measure{label}") as run:
+    with served(ctx, str(ctx.workdir), ctx.engine, "measure") as run:
         server, ready_seconds = run.server, run.ready_seconds
         ctx.metrics["ready_seconds"] = ready_seconds
         ctx.metrics["start"] = run.compile_cache
@@ -97,7 +96,7 @@ def _base(ctx: BuildContext) -> dict:
         ctx.log.info("source's numbers from an earlier measurement: %s", cached)
         return json.loads(cached.read_text())
     ctx.log.info("serving the source model to measure its perplexity and greedy outputs")
-    with served(ctx, ctx.source.path, EngineConfig(), f"measure-base{ctx.workdir.name.removeprefix('.build')}") as run:
+    with served(ctx, ctx.source.path, EngineConfig(), "measure-base") as run:
         base = {"perplexity": quality.perplexity(run.server.url, SERVED_NAME, corpus.heldout_texts()).to_dict(),
                 "greedy_tokens": quality.greedy_tokens(run.server.url, SERVED_NAME)}
     cached.write_text(json.dumps(base))

@@ -28,12 +28,12 @@ class Served:
 
 
 @contextmanager
-def served(ctx: BuildContext, model_path: str, engine: EngineConfig, log_name: str) -> Iterator[Served]:
+def served(ctx: BuildContext, model_path: str, engine: EngineConfig, purpose: str) -> Iterator[Served]:
     """A vLLM server for `model_path` in the worker's process group (a stopped job takes it down),
-    started against its compile-cache entry."""
+    started against its compile-cache entry; its log is `<purpose><build label>.log`."""
     args = {k: artifact.absolute(v, ctx.workdir) for k, v in engine.to_args(served_name=SERVED_NAME).items()}
     cache = compile_cache.Watch(compile_cache.entry_for(model_path, args, ctx.hardware))
-    log_path = paths.logs_dir() / f"{log_name}.log"
+    log_path = paths.logs_dir() / f"{purpose}{ctx.workdir.name.removeprefix('.build')}.log"
     ctx.log.info("serving %s; engine log: %s", model_path, log_path)
     host = vllm.DEFAULT_HOST
     started = time.monotonic()

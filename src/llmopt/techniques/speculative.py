@@ -126,7 +126,7 @@ def sweep(ctx: BuildContext) -> None:
     measured = {}
     for i, (label, engine) in enumerate([("without", ctx.engine.model_copy(update={"speculative_config": None})),
                                          ("with", ctx.engine)]):
-        with served(ctx, str(ctx.workdir), engine, f"sweep-{label}{ctx.workdir.name.removeprefix('.build')}") as run:
+        with served(ctx, str(ctx.workdir), engine, f"sweep-{label}") as run:
             ctx.progress(0.1 + 0.45 * i)
             measured[label] = benchmark.levels(run.server.url, SERVED_NAME, str(ctx.workdir), plan)
     rows = [_row(base, spec_level) for base, spec_level in zip(measured["without"], measured["with"])]
