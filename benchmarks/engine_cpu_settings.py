@@ -1,8 +1,9 @@
 """The effect of the CPU engine settings llmopt chooses, measured side by side in one run.
 
-Three deployments of SmolLM2-135M on this machine: vLLM's defaults (one core reserved for the
-front end, nothing preloaded), no core reserved, and llmopt's choice (no core reserved, tcmalloc
-and Intel OpenMP preloaded). Decode speed at batch 1 and 8 with fixed lengths (64 in, 128 out,
+Four deployments of SmolLM2-135M on this machine: vLLM's defaults (one core reserved for the
+front end, nothing preloaded, the model in a worker process of its own), no core reserved, tcmalloc
+and Intel OpenMP preloaded too, and llmopt's choice (all of that, with the model run inside the
+engine-core process instead of a worker process that busy-waits against it). Decode speed at batch 1 and 8 with fixed lengths (64 in, 128 out,
 end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json.
 """
 
@@ -15,9 +16,10 @@ import llmopt
 from llmopt.engine.config import EngineConfig
 
 CONFIGS = {
-    "vllm default (1 reserved, no preload)": EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False),
-    "0 reserved, no preload": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False),
-    "llmopt (0 reserved, preload)": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True),
+    "vllm default (1 reserved, no preload)": EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp"),
+    "0 reserved, no preload": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp"),
+    "0 reserved, preload": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp"),
+    "llmopt (0 reserved, preload, no worker)": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni"),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
 

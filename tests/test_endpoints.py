@@ -6,12 +6,14 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 import llmopt
 from llmopt import client, endpoints, procs
+from llmopt.engine import platform
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -64,6 +66,32 @@ def test_record_and_cli_views(endpoint) -> None:
     assert described["port"] == endpoint.port
     logs = run_cli("endpoints", "logs", endpoint.name)
     assert "vllm.entrypoints.openai.api_server" in logs.stdout
+
+
+def test_model_runs_in_the_engine_core_process_on_small_machines(endpoint) -> None:
+    """On this 2-core machine no worker process is spawned: vLLM's log says who loaded the model."""
+    assert platform.detect().cores <= 4
+    env = json.loads(endpoints.get(endpoint.name).engine_env)
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == str(platform.detect().cores)
+    loader = [line for line in Path(endpoint.log_path).read_text().splitlines() if "Starting to load model" in line]
+    assert loader and all(line.startswith("(EngineCore") for line in loader), loader
+
+
+@pytest.mark.parametrize("cores, engine, expected", [
+    (2, EngineConfig(), "uni"),
+    (4, EngineConfig(reserved_cpus=1), "uni"),
+    (16, EngineConfig(), "mp"),
+    (2, EngineConfig(executor="mp"), "mp"),
+    (2, EngineConfig(tensor_parallel_size=2), "mp"),
+])
+def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, expected: str) -> None:
+    hw = platform.Hardware(device="cpu", cpu_model="test", cores=cores, memory_gib=24, cpu_flags=(), gpu=None)
+    env = engine.to_env(hw)
+    reserved = int(env["VLLM_CPU_NUM_OF_RESERVED_CPU"])
+    if expected == "uni":
+        assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == str(cores - reserved)
+    else:
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "OMP_NUM_THREADS" not in env
 
 
 def test_port_in_use_is_refused(endpoint) -> None:

@@ -48,11 +48,11 @@ def test_ngram_sweep_switches_speculation_off_where_it_stops_paying(ngram_job: l
     for row in (low, high):
         assert row["speedup"] == pytest.approx(row["output_tokens_per_s"] / row["output_tokens_per_s_without"], abs=2e-3)
     assert low["speedup"] >= 1.0 and low["acceptance_rate"] > 0 and low["mean_accepted_length"] > 1
-    config = manifest.engine["args"]["speculative-config"]
-    assert config["method"] == "ngram" and config["num_speculative_tokens"] == 2
+    config, k = manifest.engine["args"]["speculative-config"], NGram().num_speculative_tokens
+    assert config["method"] == "ngram" and config["num_speculative_tokens"] == k
     if high["speedup"] < 1.0:  # switched off above the last level that paid
         assert sweep["disable_above_batch"] == 1 and sweep["first_level_below_1x"] == 8
-        assert config["num_speculative_tokens_per_batch_size"] == speculative.schedule(2, 1) == [[1, 1, 2], [2, 65536, 0]]
+        assert config["num_speculative_tokens_per_batch_size"] == speculative.schedule(k, 1) == [[1, 1, k], [2, 65536, 0]]
     else:
         assert "disable_above_batch" not in sweep and "num_speculative_tokens_per_batch_size" not in config
 

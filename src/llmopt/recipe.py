@@ -103,7 +103,8 @@ class DraftModel(_Speculation):
 
     method: Literal["draft_model"] = "draft_model"
     model: str = Field("recommended", description="'recommended', a catalogue id, an imported model or a folder.")
-    # Qwen2.5-Coder 0.5B for 1.5B on two cores: k=2 beat k=3 and k=4 at every concurrency (benchmarks/speculative.py)
+    # Qwen2.5-Coder 0.5B for 1.5B on two cores: k=2 within noise of k=3 at concurrency 1-2 and ahead
+    # from 4; k=4 lost (benchmarks/speculative.py)
     num_speculative_tokens: int = Field(2, gt=0, le=16)
 
     def __init__(self, model: str = "recommended", **data: Any) -> None:
@@ -114,9 +115,9 @@ class NGram(_Speculation):
     """Draft-free speculation that proposes continuations found in the prompt (prompt lookup)."""
 
     method: Literal["ngram"] = "ngram"
-    # 2 beats 4 on two cores: a longer guess is accepted less often and verifying it costs more
-    # (benchmarks/speculative.py: 1.18-1.48x against 1.06-1.13x at concurrency 1)
-    num_speculative_tokens: int = Field(2, gt=0, le=16)
+    # 3 beat 2 and 4 at concurrency 1, 2 and 4 on the QA workload (benchmarks/speculative.py: 1.63x
+    # against 1.53x and 1.30x at concurrency 1); 4 is accepted too rarely to pay for its verification
+    num_speculative_tokens: int = Field(3, gt=0, le=16)
     prompt_lookup_min: int = Field(2, gt=0)
     prompt_lookup_max: int = Field(4, gt=0)
 

@@ -6,7 +6,7 @@ way by `llmopt deploy` and by the exported plain `python -m vllm...` command.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +27,11 @@ class EngineConfig(BaseModel):
         None, ge=0, description="Cores vLLM reserves for its front end on CPU; unset: chosen from the machine."
     )
     preload: bool = Field(True, description="Preload tcmalloc and Intel OpenMP on CPU (LD_PRELOAD).")
+    executor: Literal["uni", "mp"] | None = Field(
+        None,
+        description="On CPU, where the model runs: 'uni' in vLLM's engine-core process, 'mp' in a worker process "
+        "of its own (vLLM's CPU default); unset: chosen from the machine (uni up to 4 cores).",
+    )
     tensor_parallel_size: int = Field(1, gt=0, description="Devices to shard the model over.")
     speculative_config: dict[str, Any] | None = Field(None, description="vLLM's --speculative-config.")
     compilation_config: dict[str, Any] | None = Field(None, description="vLLM's --compilation-config.")
@@ -53,4 +58,5 @@ class EngineConfig(BaseModel):
         return args
 
     def to_env(self, hw: platform.Hardware) -> dict[str, str]:
-        return platform.engine_env(hw, self.kv_cache_gib, self.reserved_cpus, self.preload)
+        executor = self.executor if self.tensor_parallel_size == 1 else "mp"
+        return platform.engine_env(hw, self.kv_cache_gib, self.reserved_cpus, self.preload, executor)

@@ -2,8 +2,11 @@
 
 On CPU, vLLM by default reserves one core for its front end; on a two-core machine that leaves one
 core for the model, and decoding ran 1.6x faster with none reserved (shared/notes/engine-cpu.md).
-It also wants tcmalloc and Intel OpenMP preloaded. These are chosen here, from the machine, and
-recorded in every endpoint record and manifest.
+It also wants tcmalloc and Intel OpenMP preloaded. And it runs the model in a worker process of its
+own, which busy-waits against the engine-core process at every step: on two cores that contention
+cost plain decoding 1.39x (benchmarks/engine_cpu_settings.py) and speculation more, so on small
+machines the model runs inside the engine-core process instead. These are chosen here, from
+the machine, and recorded in every endpoint record and manifest.
 """
 
 from __future__ import annotations
@@ -90,23 +93,39 @@ def preload_libraries() -> list[str]:
     return [lib for lib in libs if lib]
 
 
-def engine_env(hw: Hardware, kv_cache_gib: int, reserved_cpus: int | None, preload: bool = True) -> dict[str, str]:
+def engine_env(
+    hw: Hardware, kv_cache_gib: int, reserved_cpus: int | None, preload: bool = True, executor: str | None = None
+) -> dict[str, str]:
     """The environment variables vLLM needs on this machine."""
     if hw.device != "cpu":
         return {}
-    env = {
-        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": str(default_reserved_cpus(hw) if reserved_cpus is None else reserved_cpus),
-    }
+    reserved = default_reserved_cpus(hw) if reserved_cpus is None else reserved_cpus
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": str(reserved)}
     libraries = preload_libraries() if preload else []
     if libraries:
         env["LD_PRELOAD"] = ":".join(libraries)
+    if (executor or default_executor(hw)) == "uni":
+        # vLLM's CPU platform switches to its worker-process executor unless multiprocessing is off;
+        # the API server still runs the engine core in a process of its own. Without that worker,
+        # vLLM no longer sets OpenMP's threads, so they are set as it would, minus the core pinning
+        # (pinned with vLLM's KMP_AFFINITY, decoding ran 3x slower here).
+        env |= {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "OMP_NUM_THREADS": str(max(1, hw.cores - reserved)),
+            "KMP_BLOCKTIME": "5",
+        }
     return env
 
 
 def default_reserved_cpus(hw: Hardware) -> int:
     """Reserve a core for the front end only when the machine has cores to spare."""
     return 0 if hw.cores <= 4 else 1
+
+
+def default_executor(hw: Hardware) -> str:
+    """The model in the engine-core process where cores are too few to give a worker process its own;
+    on larger machines vLLM's worker process, which also pins threads to NUMA nodes."""
+    return "uni" if hw.cores <= 4 else "mp"
 
 
 def torch_version() -> str:
