@@ -1,10 +1,10 @@
 """The effect of the CPU engine settings llmopt chooses, measured side by side in one run.
 
 Four deployments of SmolLM2-135M on this machine: vLLM's defaults (one core reserved for the
-front end, nothing preloaded, the model in a worker process of its own), no core reserved, tcmalloc
-and Intel OpenMP preloaded too, and llmopt's choice (all of that, with the model run inside the
-engine-core process instead of a worker process that busy-waits against it). Decode speed at batch 1 and 8 with fixed lengths (64 in, 128 out,
-end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json.
+front end, nothing preloaded, the model in a worker process of its own), no core reserved,
+tcmalloc and Intel OpenMP preloaded too, and llmopt's choice (all of that, with the model run
+inside the engine-core process instead of a worker process that busy-waits against it). Decode
+speed at batch 1 and 8 with fixed lengths (64 in, 128 out, end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json.
 """
 
 from __future__ import annotations

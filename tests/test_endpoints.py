@@ -70,7 +70,8 @@ def test_record_and_cli_views(endpoint) -> None:
 
 def test_model_runs_in_the_engine_core_process_on_small_machines(endpoint) -> None:
     """On this 2-core machine no worker process is spawned: vLLM's log says who loaded the model."""
-    assert platform.detect().cores <= 4
+    if platform.detect().cores > 4:
+        pytest.skip("larger machines keep vLLM's worker process")
     env = json.loads(endpoints.get(endpoint.name).engine_env)
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == str(platform.detect().cores)
     loader = [line for line in Path(endpoint.log_path).read_text().splitlines() if "Starting to load model" in line]
@@ -92,6 +93,11 @@ def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, e
         assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == str(cores - reserved)
     else:
         assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "OMP_NUM_THREADS" not in env
+
+
+def test_one_process_executor_with_tensor_parallelism_is_refused() -> None:
+    with pytest.raises(ValueError, match="tensor_parallel_size > 1 use 'mp'"):
+        EngineConfig(executor="uni", tensor_parallel_size=2)
 
 
 def test_port_in_use_is_refused(endpoint) -> None:

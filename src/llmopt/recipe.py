@@ -103,8 +103,8 @@ class DraftModel(_Speculation):
 
     method: Literal["draft_model"] = "draft_model"
     model: str = Field("recommended", description="'recommended', a catalogue id, an imported model or a folder.")
-    # Qwen2.5-Coder 0.5B for 1.5B on two cores: k=2 within noise of k=3 at concurrency 1-2 and ahead
-    # from 4; k=4 lost (benchmarks/speculative.py)
+    # Qwen2.5-Coder 0.5B for 1.5B on two cores: k=2 within noise of k=3 and k=4 at concurrency 1-2,
+    # ahead of k=3 from 4 (benchmarks/README.md)
     num_speculative_tokens: int = Field(2, gt=0, le=16)
 
     def __init__(self, model: str = "recommended", **data: Any) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmopt.engine import platform
 
@@ -36,6 +36,12 @@ class EngineConfig(BaseModel):
     speculative_config: dict[str, Any] | None = Field(None, description="vLLM's --speculative-config.")
     compilation_config: dict[str, Any] | None = Field(None, description="vLLM's --compilation-config.")
     seed: int = Field(0, description="Engine sampling seed.")
+
+    @model_validator(mode="after")
+    def _one_process_for_one_device(self) -> "EngineConfig":
+        if self.executor == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError("executor 'uni' runs one model shard; with tensor_parallel_size > 1 use 'mp' or leave it unset")
+        return self
 
     def to_args(self, served_name: str) -> dict[str, object]:
         """vLLM server flags (without dashes), in a stable order."""
