@@ -93,41 +93,36 @@ def deploy(
     log_path = paths.logs_dir() / f"endpoint-{name}.log"
     log_path.unlink(missing_ok=True)
     args = spec.args()
-    cache = compile_cache.Watch(compile_cache.entry_for(spec.model_path, args))
-    env = {**spec.env, **cache.entry.env}
-    try:
+    with compile_cache.Watch(compile_cache.entry_for(spec.model_path, args)) as cache:
+        env = {**spec.env, **cache.entry.env}
         server = vllm.start_server(spec.model_path, args, env, log_path, host, port)
-    except BaseException:
-        cache.close()
-        raise
-    endpoint = Endpoint(
-        name=name,
-        model=spec.model_label,
-        model_path=spec.model_path,
-        host=host,
-        port=port,
-        pid=server.pid,
-        pid_create_time=server.create_time,
-        status=STARTING,
-        failure_reason=None,
-        log_path=str(log_path),
-        engine_args=json.dumps(args),
-        engine_env=json.dumps(env),
-        started_at=time.time(),
-        ready_at=None,
-        stopped_at=None,
-    )
-    _insert(endpoint)
-    try:
-        server.wait_ready(timeout_s)
-        started = cache.ready(round(time.time() - endpoint.started_at, 2))
-        verification = _verify(endpoint)
-    except BaseException as exc:
-        cache.close()
-        reason = exc.problem.splitlines()[0] if isinstance(exc, LlmoptError) else f"interrupted ({type(exc).__name__})"
-        server.stop()
-        _update(name, status=FAILED, failure_reason=reason, stopped_at=time.time())
-        raise
+        endpoint = Endpoint(
+            name=name,
+            model=spec.model_label,
+            model_path=spec.model_path,
+            host=host,
+            port=port,
+            pid=server.pid,
+            pid_create_time=server.create_time,
+            status=STARTING,
+            failure_reason=None,
+            log_path=str(log_path),
+            engine_args=json.dumps(args),
+            engine_env=json.dumps(env),
+            started_at=time.time(),
+            ready_at=None,
+            stopped_at=None,
+        )
+        _insert(endpoint)
+        try:
+            server.wait_ready(timeout_s)
+            started = cache.ready(round(time.time() - endpoint.started_at, 2))
+            verification = _verify(endpoint)
+        except BaseException as exc:
+            reason = exc.problem.splitlines()[0] if isinstance(exc, LlmoptError) else f"interrupted ({type(exc).__name__})"
+            server.stop()
+            _update(name, status=FAILED, failure_reason=reason, stopped_at=time.time())
+            raise
     endpoint.status, endpoint.ready_at = READY, time.time()
     verification["compile_cache"] = started
     endpoint.verification = json.dumps(verification)

@@ -142,6 +142,12 @@ class Watch:
             result["discarded_interrupted_compile_files"] = self.discarded
         return result
 
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Let the next start go; a start that ended before ready without compiling anything left nothing to discard."""
         if self._lock is None:

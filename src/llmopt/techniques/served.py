@@ -32,21 +32,16 @@ def served(ctx: BuildContext, model_path: str, engine: EngineConfig, purpose: st
     """A vLLM server for `model_path` in the worker's process group (a stopped job takes it down),
     started against its compile-cache entry; its log is `<purpose><build label>.log`."""
     args = {k: artifact.absolute(v, ctx.workdir) for k, v in engine.to_args(served_name=SERVED_NAME).items()}
-    cache = compile_cache.Watch(compile_cache.entry_for(model_path, args, ctx.hardware))
     log_path = paths.logs_dir() / f"{purpose}{ctx.workdir.name.removeprefix('.build')}.log"
     ctx.log.info("serving %s; engine log: %s", model_path, log_path)
     host = vllm.DEFAULT_HOST
-    started = time.monotonic()
-    env = {**engine.to_env(ctx.hardware), **cache.entry.env}
-    try:
+    with compile_cache.Watch(compile_cache.entry_for(model_path, args, ctx.hardware)) as cache:
+        started = time.monotonic()
+        env = {**engine.to_env(ctx.hardware), **cache.entry.env}
         server = vllm.start_server(model_path, args, env, log_path, host, vllm.free_port(host), own_session=False)
-    except BaseException:
-        cache.close()
-        raise
-    try:
-        server.wait_ready(READY_TIMEOUT_S)
-        ready = round(time.monotonic() - started, 2)
-        yield Served(server, log_path, ready, cache.ready(ready), cache.entry)
-    finally:
-        cache.close()
-        server.stop()
+        try:
+            server.wait_ready(READY_TIMEOUT_S)
+            ready = round(time.monotonic() - started, 2)
+            yield Served(server, log_path, ready, cache.ready(ready), cache.entry)
+        finally:
+            server.stop()
