@@ -3,7 +3,9 @@
 - SmolLM2-135M with n-gram prompt lookup (its recommended method: it has no smaller sibling), on
   the built-in QA workload (answers copy from the documents);
 - Qwen2.5-Coder-1.5B with the 0.5B as draft (needs `scripts/install.sh --with-qwen`), on coding
-  prompts (benchmarks/data/coding.jsonl, 128 new tokens), the workload the hand measurement used.
+  prompts (benchmarks/data/coding.jsonl, 128 new tokens), the workload the hand measurement used:
+  the draft in bf16, and quantized as the catalogue recommends (INT8 SmoothQuant, quantized here
+  by the same function a job's speculative step uses).
 Each pair is deployed in turn with the engine settings llmopt writes into artifacts. Reports the
 output-throughput ratio, TTFT and time per output token (prefill is not sped up, decode is), the
 acceptance rate, and the first concurrency level where the gain falls below 1.0x.
@@ -13,15 +15,17 @@ Writes benchmarks/results/speculative.json.   Usage: python benchmarks/speculati
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import llmopt
 from llmopt import sources
 from llmopt.engine.config import EngineConfig
 from llmopt.recipe import DraftModel, NGram
-from llmopt.techniques import speculative
+from llmopt.techniques import quantize, speculative
 
 LEVELS = [1, 2, 4, 8]
 REQUESTS = 8
@@ -31,7 +35,8 @@ CASES = {  # model, workload, variants, rounds
     "smol": ("smollm2-135m-instruct", "builtin-qa",
              [(f"ngram k={k}", NGram(num_speculative_tokens=k)) for k in (2, 3, 4)], 2),
     "qwen": ("qwen2.5-coder-1.5b-instruct", CODING,
-             [(f"draft 0.5B k={k}", DraftModel(QWEN_DRAFT, num_speculative_tokens=k)) for k in (2, 3)], 1),
+             [(f"draft 0.5B k={k}", DraftModel(QWEN_DRAFT, num_speculative_tokens=k)) for k in (2, 3)]
+             + [(f"draft 0.5B int8 k={k}", DraftModel(num_speculative_tokens=k)) for k in (2, 3, 4)], 1),
 }
 
 
@@ -41,14 +46,25 @@ def measure(model: str, dataset: str, engine: EngineConfig) -> list[dict]:
     return result["targets"][0]["levels"]
 
 
-def run_case(model: str, dataset: str, variants: list, rounds: int) -> dict:
+def draft_folder(draft: speculative.Draft, workdir: Path) -> str:
+    """The draft as it drafts: its own folder, or quantized once per run into `workdir`."""
+    if draft.quantization is None:
+        return draft.model.path
+    dest = workdir / f"{draft.model.id}-{draft.quantization.method}"
+    if not dest.exists():
+        dest.mkdir()
+        quantize.quantize_model(draft.quantization, draft.model, dest, 1, logging.getLogger("draft"), lambda _: None)
+    return str(dest)
+
+
+def run_case(model: str, dataset: str, variants: list, rounds: int, workdir: Path) -> dict:
     """Every configuration once per round, in turn, so a slow spell of this noisy machine hits all of
     them; each level's figures are the medians over rounds."""
     target = sources.resolve(model)
     base_engine = EngineConfig(max_model_len=4096, kv_cache_gib=4)
     engines = {"none": base_engine}
     for label, spec in variants:
-        draft = speculative.resolve_draft(spec, target).path if isinstance(spec, DraftModel) else None
+        draft = draft_folder(speculative.resolve_draft(spec, target), workdir) if isinstance(spec, DraftModel) else None
         engines[label] = base_engine.model_copy(update={"speculative_config": speculative.engine_config(spec, draft)})
     runs: dict[str, list[list[dict]]] = {label: [] for label in engines}
     for _ in range(rounds):
@@ -86,18 +102,19 @@ def main() -> None:
     results_file = Path(__file__).parent / "results" / "speculative.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
     for name in chosen:
-        results[name] = run_case(*CASES[name])
+        with tempfile.TemporaryDirectory(prefix="llmopt-drafts-") as workdir:
+            results[name] = run_case(*CASES[name], Path(workdir))
         results_file.write_text(json.dumps(results, indent=2))
     for name in chosen:
         case = results[name]
         print(f"\n{case['model']} on {case['dataset']}: output tokens/s, baseline " + ", ".join(f"c{b['concurrency']}={b['output_tokens_per_s']}" for b in case["baseline"]))
-        print(f"{'variant':<18} {'conc':>4} {'tok/s':>8} {'speedup':>8} {'TTFT ms':>8} {'TPOT ms':>8} {'accept':>7} {'mean len':>8}")
+        print(f"{'variant':<22} {'conc':>4} {'tok/s':>8} {'speedup':>8} {'TTFT ms':>8} {'TPOT ms':>8} {'accept':>7} {'mean len':>8}")
         for variant in [{"label": "none", "levels": case["baseline"]}, *case["variants"]]:
             for row in variant["levels"]:
-                print(f"{variant['label']:<18} {row['concurrency']:>4} {row['output_tokens_per_s']:>8} {row.get('speedup', 1.0):>7}x "
+                print(f"{variant['label']:<22} {row['concurrency']:>4} {row['output_tokens_per_s']:>8} {row.get('speedup', 1.0):>7}x "
                       f"{row['ttft_ms']:>8} {row['tpot_ms']:>8} {row['acceptance_rate']:>7} {row['mean_accepted_length']:>8}")
             if variant["label"] != "none":
-                print(f"{variant['label']:<18} gain falls below 1.0x at concurrency: {variant['first_level_below_1x'] or 'not within ' + str(LEVELS)}")
+                print(f"{variant['label']:<22} gain falls below 1.0x at concurrency: {variant['first_level_below_1x'] or 'not within ' + str(LEVELS)}")
 
 
 if __name__ == "__main__":

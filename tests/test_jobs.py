@@ -3,6 +3,7 @@ stop, crash, and every refusal keeping its record."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,7 +20,8 @@ from llmopt import artifact, client, compatibility, hashing, sources
 from llmopt.engine import vllm
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
-from llmopt.recipe import DraftModel, NGram, Recipe, Sharding, SpeculationSweep
+from llmopt.recipe import AWQ, Calibration, DraftModel, NGram, Recipe, Sharding, SmoothQuant, SpeculationSweep
+from llmopt.techniques import speculative
 
 from conftest import assert_one_line_error, run_cli
 
@@ -168,10 +170,10 @@ def _refused(model: str, recipe: Recipe, *needles: str, **kwargs) -> store.JobRe
 
 
 def test_every_refusing_matrix_row_is_tested() -> None:
-    """Rows with status refused/unavailable refuse a whole technique; none does today. One added
-    needs a test like test_quantization.py's test_unsupported_architecture_is_refused."""
-    refusing = {row["technique"] for row in compatibility.matrix() if row["status"] in ("refused", "unavailable")}
-    assert refusing == set(), refusing
+    """Rows with status refused/unavailable refuse a technique; one added needs a test like
+    test_quantization.py's test_fp8_block_for_biased_projections_on_cpu_is_refused."""
+    refusing = {(row["technique"], row["hardware"]) for row in compatibility.matrix() if row["status"] in ("refused", "unavailable")}
+    assert refusing == {("quantization.fp8.block", "cpu")}, refusing
 
 
 def test_tensor_parallel_beyond_devices_is_refused(smol: sources.Model) -> None:
@@ -208,6 +210,21 @@ def test_draft_larger_than_target_is_refused(smol: sources.Model, tmp_path: Path
 
 def test_no_recommended_draft_for_smollm2(smol: sources.Model) -> None:
     _refused(smol.id, Recipe(speculative=DraftModel()), "no smaller sibling", "ngram")
+
+
+def test_recommended_draft_is_quantized_as_the_catalogue_says(smol: sources.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = dataclasses.replace(smol, id="qwen2.5-coder-1.5b-instruct", source="catalog:qwen2.5-coder-1.5b-instruct")
+    monkeypatch.setattr(sources, "resolve", lambda name: smol)  # the Qwen pair is not installed in CI
+    assert speculative.resolve_draft(DraftModel(), target).quantization == SmoothQuant()
+    assert speculative.resolve_draft(DraftModel("qwen2.5-coder-0.5b-instruct"), target).quantization is None
+    chosen = AWQ(group_size=64)
+    assert speculative.resolve_draft(DraftModel(quantization=chosen), target).quantization == chosen
+
+
+def test_draft_quantization_is_checked_like_a_recipe_of_its_own(smol: sources.Model) -> None:
+    too_much = SmoothQuant(calibration=Calibration(samples=4096, sequence_length=32768))
+    _refused(smol.id, Recipe(speculative=DraftModel(smol.id, quantization=too_much)),
+             "draft quantization: quantization.smoothquant needs about")
 
 
 def test_unreadable_sweep_workload_is_refused(smol: sources.Model, tmp_path: Path) -> None:

@@ -170,6 +170,27 @@ def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
                           "quantization.smoothquant is not supported for GPT2LMHeadModel")
 
 
+def test_fp8_block_for_biased_projections_on_cpu_is_refused(tmp_path: Path) -> None:
+    qwen2 = _tiny_model(tmp_path / "qwen2", dict(model_type="qwen2", hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                                 num_key_value_heads=2, num_hidden_layers=1, vocab_size=49152))
+    sources.import_model(str(qwen2), name="tiny-qwen2")
+    assert_one_line_error(run_cli("optimize", "--model", "tiny-qwen2", "--quantize", "fp8"),
+                          "takes float32 biases only", "use quantization smoothquant")
+
+
+def test_quantizing_a_quantized_model_is_refused(smol: sources.Model, tmp_path: Path) -> None:
+    quantized = tmp_path / "quantized"
+    quantized.mkdir()
+    for f in Path(smol.path).iterdir():
+        if f.name != "config.json":
+            (quantized / f.name).symlink_to(f)
+    config = json.loads((Path(smol.path) / "config.json").read_text())
+    (quantized / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "compressed-tensors"}}))
+    sources.import_model(str(quantized), name="smol-quantized")
+    assert_one_line_error(run_cli("optimize", "--model", "smol-quantized", "--quantize", "awq"),
+                          "is already quantized (compressed-tensors)", "quantize the model it was made from")
+
+
 def test_fp8_dynamic_on_cpu_warns_with_the_numbers(smol: sources.Model) -> None:
     verdict = compatibility.check(Recipe(quantization=FP8(scheme="dynamic")), smol, platform.detect())
     assert not verdict.refusals

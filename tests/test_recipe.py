@@ -23,7 +23,7 @@ FULL = Recipe(
 
 
 @pytest.mark.parametrize("value", [FULL, Recipe(), Recipe(quantization=SmoothQuant(alpha=0.5)), Recipe(quantization=FP8(scheme="dynamic")), Recipe(speculative=NGram(prompt_lookup_max=6)),
-    Recipe(speculative=NGram(disable_above_batch="never")), Recipe(speculative=NGram(disable_above_batch=4, sweep=SpeculationSweep(concurrency=(1, 16))))])
+    Recipe(speculative=NGram(disable_above_batch="never")), Recipe(speculative=DraftModel("d", quantization=SmoothQuant(alpha=0.6))), Recipe(speculative=NGram(disable_above_batch=4, sweep=SpeculationSweep(concurrency=(1, 16))))])
 def test_round_trip_yaml_and_json(value: Recipe, tmp_path: Path) -> None:
     for suffix in (".yaml", ".json"):
         path = tmp_path / f"r{suffix}"
@@ -44,6 +44,8 @@ def test_unknown_key_lists_valid_keys() -> None:
     assert "unknown key 'groupsize'" in str(info.value) and "group_size" in str(info.value)
     with pytest.raises(LlmoptError, match="valid keys: compilation, kv_cache, name, quantization, sharding, speculative"):
         recipe.parse({"quantisation": {}})
+    with pytest.raises(LlmoptError, match="unknown key 'bits' in speculative.draft_model.quantization.smoothquant; valid keys: alpha"):
+        recipe.parse({"speculative": {"method": "draft_model", "quantization": {"method": "smoothquant", "bits": 8}}})
 
 
 def test_unknown_values_list_valid_values() -> None:

@@ -16,7 +16,7 @@ from llmopt import artifact, corpus, endpoints
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
 from llmopt.jobs import store
-from llmopt.recipe import DraftModel, NGram, Recipe, SpeculationSweep
+from llmopt.recipe import Calibration, DraftModel, NGram, Recipe, SmoothQuant, SpeculationSweep
 from llmopt.techniques import speculative
 
 from conftest import SMALL_ENGINE
@@ -111,6 +111,26 @@ def test_draft_model_job_with_the_target_as_its_own_draft(smol) -> None:
     assert manifest.serving_spec().engine_args["speculative-config"]["model"] == str(job.artifact / "draft")
     # a draft identical to the target is accepted almost always
     assert manifest.metrics["speculative"]["acceptance_rate"] > 0.9
+
+
+def test_draft_model_job_with_a_quantized_draft(smol) -> None:
+    """The draft goes into the artifact as an INT8 checkpoint; the bf16 target verifies its drafts,
+    so it is still accepted most of the time and the outputs stay the target's own."""
+    quick = SmoothQuant(calibration=Calibration(samples=16, sequence_length=256))
+    recipe = Recipe(speculative=DraftModel(smol.id, quantization=quick, num_speculative_tokens=3, disable_above_batch="never"))
+    job = llmopt.optimize(smol.id, recipe, name="int8-draft-job")
+    assert job.status == store.COMPLETED, job.record.failure_reason
+    manifest = artifact.verify(job.artifact)
+    assert manifest.references["draft"] == {"model": smol.id, "content_hash": smol.content_hash, "path": "draft",
+                                            "quantization": "smoothquant"}
+    draft_config = json.loads((job.artifact / "draft" / "config.json").read_text())
+    assert draft_config["quantization_config"]["quant_method"] == "compressed-tensors"
+    assert "quantization_config" not in json.loads((job.artifact / "config.json").read_text())
+    assert manifest.metrics["draft_quantization"]["calibration"]["samples_requested"] == 16
+    assert manifest.metrics["draft_quantization"]["size_bytes"] < smol.size_bytes
+    spec = manifest.metrics["speculative"]
+    assert spec["drafts"] > 0 and spec["acceptance_rate"] > 0.5
+    assert manifest.metrics["greedy_agreement"]["token_agreement"] >= 0.9
 
 
 def test_speculation_configured_but_not_running_is_an_error(smol) -> None:

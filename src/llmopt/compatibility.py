@@ -47,12 +47,12 @@ def check(recipe: Recipe, target: Model, hardware: Hardware) -> Verdict:
         if not rows:
             verdict.refusals.append(f"{technique} is not in the compatibility matrix for {hardware.device}")
             continue
-        row = rows[0]
-        if row["architectures"] != "any" and architecture not in row["architectures"]:
-            verdict.refusals.append(
-                f"{technique} is not supported for {architecture} (supported: {', '.join(row['architectures'])})"
-            )
+        fitting = [r for r in rows if r["architectures"] == "any" or architecture in r["architectures"]]
+        if not fitting:
+            supported = sorted({a for r in rows for a in r["architectures"]})
+            verdict.refusals.append(f"{technique} is not supported for {architecture} (supported: {', '.join(supported)})")
             continue
+        row = fitting[0]
         status = row["status"]
         if status in ("refused", "unavailable"):
             verdict.refusals.append(f"{technique}: {row['reason']}" + (f"; instead: {row['instead']}" if row.get("instead") else ""))
@@ -84,7 +84,11 @@ def _speculation_fits(recipe: Recipe, target: Model, config: dict, hardware: Har
     spec = recipe.speculative
     assert spec is not None
     if isinstance(spec, DraftModel):
-        speculative.check_draft(spec, target, verdict)
+        draft = speculative.check_draft(spec, target, verdict)
+        if draft is not None and draft.quantization is not None:  # checked as a recipe of its own
+            of_draft = check(Recipe(quantization=draft.quantization), draft.model, hardware)
+            verdict.refusals += [f"draft quantization: {r}" for r in of_draft.refusals]
+            verdict.warnings += [f"draft quantization: {w}" for w in of_draft.warnings]
     if spec.disable_above_batch == "auto":
         try:
             tokenizer = None
@@ -102,6 +106,13 @@ def _quantization_fits(recipe: Recipe, target: Model, config: dict, hardware: Ha
     from llmopt.techniques import quantize, schemes
 
     assert recipe.quantization is not None
+    already = config.get("quantization_config")
+    if already:
+        verdict.refusals.append(
+            f"'{target.id}' is already quantized ({already.get('quant_method', 'unknown method')}); "
+            "quantize the model it was made from instead"
+        )
+        return
     tensor_parallel = recipe.sharding.tensor_parallel_size if recipe.sharding else 1
     try:
         fitted = schemes.fit(recipe.quantization, config, tensor_parallel)

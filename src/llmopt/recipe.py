@@ -103,9 +103,14 @@ class DraftModel(_Speculation):
 
     method: Literal["draft_model"] = "draft_model"
     model: str = Field("recommended", description="'recommended', a catalogue id, an imported model or a folder.")
-    # Qwen2.5-Coder 0.5B for 1.5B on two cores: k=2 within noise of k=3 and k=4 at concurrency 1-2,
-    # ahead of k=3 from 4 (benchmarks/README.md)
-    num_speculative_tokens: int = Field(2, gt=0, le=16)
+    quantization: Quantization | None = Field(
+        None,
+        description="Quantize the draft before it goes into the artifact: a cheaper draft proposes faster, and the "
+        "target still verifies every token. Unset with model 'recommended', the catalogue's choice for that draft applies.",
+    )
+    # Qwen2.5-Coder 0.5B (INT8, the catalogue's recommendation) for 1.5B on two cores: k=3 gave
+    # 2.02x at concurrency 1 and beat k=2 at every level and k=4 from concurrency 2 (benchmarks/README.md)
+    num_speculative_tokens: int = Field(3, gt=0, le=16)
 
     def __init__(self, model: str = "recommended", **data: Any) -> None:
         super().__init__(model=model, **data)

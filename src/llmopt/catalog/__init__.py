@@ -25,6 +25,7 @@ class CatalogModel:
     file_glob: str
     install: str
     recommended_draft: str
+    recommended_draft_quantization: dict | None = None  # a recipe's quantization section, applied to the draft
 
     def weight_files(self) -> list[Path]:
         """The shipped GGUF file, or its parts in concatenation order.

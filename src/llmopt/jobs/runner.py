@@ -144,19 +144,25 @@ def _check_output(output_dir: Path) -> None:
 
 
 def _key_extras(recipe: Recipe, source: sources.Model) -> dict:
-    """Inputs beyond the source and recipe that change the artifact: the draft model's content,
-    the calibration text (the built-in set changes between versions; a user's file may change) and
-    the user's workload a speculation sweep measures on."""
-    extras = {}
+    """Inputs beyond the source and recipe that change the artifact: the draft model's content and
+    quantization (the catalogue may recommend one), the calibration text (the built-in set changes
+    between versions; a user's file may change) and the user's workload a speculation sweep measures on."""
+    from llmopt.techniques import calibration
+
+    extras: dict = {}
+    calibration_spec = getattr(recipe.quantization, "calibration", None)
+    if calibration_spec is not None:
+        extras["calibration"] = calibration.fingerprint(calibration_spec)
     if isinstance(recipe.speculative, DraftModel):
         from llmopt.techniques import speculative
 
-        extras["draft"] = speculative.resolve_draft(recipe.speculative, source).content_hash
-    calibration_spec = getattr(recipe.quantization, "calibration", None)
-    if calibration_spec is not None:
-        from llmopt.techniques import calibration
-
-        extras["calibration"] = calibration.fingerprint(calibration_spec)
+        draft = speculative.resolve_draft(recipe.speculative, source)
+        extras["draft"] = draft.model.content_hash
+        if draft.quantization is not None:
+            extras["draft_quantization"] = draft.quantization.model_dump(mode="json")
+            draft_calibration = getattr(draft.quantization, "calibration", None)
+            if draft_calibration is not None:
+                extras["draft_calibration"] = calibration.fingerprint(draft_calibration)
     sweep_file = Path(recipe.speculative.sweep.dataset) if recipe.speculative else None
     if sweep_file is not None and sweep_file.is_file():  # where speculation pays depends on the user's workload
         extras["sweep"] = hashing.file_sha256(sweep_file)

@@ -8,16 +8,18 @@ why). It is imported lazily: only quantizing jobs pay for it.
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
 from llmopt.errors import LlmoptError
 from llmopt.recipe import Quantization
+from llmopt.sources import Model
 from llmopt.techniques import BuildContext, calibration, schemes
 
 RUNTIME_BYTES = 1.5e9  # torch, transformers and llm-compressor imported, before any model
@@ -57,12 +59,19 @@ def check_memory(q: Quantization, config: dict, weight_bytes: int) -> str | None
 def apply(ctx: BuildContext) -> None:
     q = ctx.recipe.quantization
     assert q is not None
-    source = Path(ctx.source.path)
-    config = json.loads((source / "config.json").read_text())
     tensor_parallel = ctx.recipe.sharding.tensor_parallel_size if ctx.recipe.sharding else 1
+    ctx.metrics["quantization"] = quantize_model(q, ctx.source, ctx.workdir, tensor_parallel, ctx.log, ctx.progress)
+
+
+def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_parallel: int,
+                   log: logging.Logger, progress: Callable[[float], None]) -> dict[str, Any]:
+    """Quantize a model folder into `dest` as a compressed-tensors checkpoint; returns what the
+    manifest records about it. The target of a recipe and a draft model both go through here."""
+    source = Path(source_model.path)
+    config = json.loads((source / "config.json").read_text())
     fitted = schemes.fit(q, config, tensor_parallel)
     if fitted.note:
-        ctx.log.warning(fitted.note)
+        log.warning(fitted.note)
 
     started = time.monotonic()
     oneshot = load_llmcompressor()
@@ -76,32 +85,32 @@ def apply(ctx: BuildContext) -> None:
     if schemes.needs_calibration(q):
         cal = calibration.build(q.calibration, tokenizer)  # type: ignore[union-attr]
         record["calibration"] = cal.description
-        ctx.log.info("calibration: %s", cal.description)
+        log.info("calibration: %s", cal.description)
         kwargs.update(dataset=_dataset(cal.windows), num_calibration_samples=len(cal.windows),
                       max_seq_length=cal.description["sequence_length"])
     record.update(group_size=fitted.group_size, block_size=fitted.block_size, fit_note=fitted.note)
     record = {k: v for k, v in record.items() if v is not None}
 
-    ctx.progress(0.05)
-    with _LayerProgress(model, ctx, passes=2 if schemes.needs_calibration(q) else 0,
-                         samples=kwargs.get("num_calibration_samples", 0)):
+    progress(0.05)
+    with _LayerProgress(model, progress, passes=2 if schemes.needs_calibration(q) else 0,
+                        samples=kwargs.get("num_calibration_samples", 0)):
         oneshot(model=model, recipe=schemes.modifiers(q, fitted), tokenizer=tokenizer, **kwargs)
-    ctx.progress(0.9)
-    _copy_non_weight_files(source, ctx.workdir)
-    model.save_pretrained(ctx.workdir, save_compressed=True)
-    tokenizer.save_pretrained(ctx.workdir)
-    (ctx.workdir / "recipe.yaml").unlink(missing_ok=True)  # llm-compressor's own; the manifest has ours
+    progress(0.9)
+    _copy_non_weight_files(source, dest)
+    model.save_pretrained(dest, save_compressed=True)
+    tokenizer.save_pretrained(dest)
+    (dest / "recipe.yaml").unlink(missing_ok=True)  # llm-compressor's own; the manifest has ours
 
     record["seconds"] = round(time.monotonic() - started, 1)
     record["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    record["estimated_peak_bytes"] = estimate_peak_bytes(q, config, ctx.source.size_bytes)  # as the compatibility check saw it
-    record["size_bytes"] = _weight_bytes(ctx.workdir)
+    record["estimated_peak_bytes"] = estimate_peak_bytes(q, config, source_model.size_bytes)  # as the compatibility check saw it
+    record["size_bytes"] = _weight_bytes(dest)
     record["source_size_bytes"] = _weight_bytes(source)
-    ctx.metrics["quantization"] = record
-    ctx.log.info("quantized (%s) in %.0f s; weights %.0f MB -> %.0f MB; peak memory %.2f GiB",
-                 q.method, record["seconds"], record["source_size_bytes"] / 1e6, record["size_bytes"] / 1e6,
-                 record["peak_rss_bytes"] / 2**30)
-    ctx.progress(1.0)
+    log.info("quantized %s (%s) in %.0f s; weights %.0f MB -> %.0f MB; peak memory %.2f GiB", source_model.id,
+             q.method, record["seconds"], record["source_size_bytes"] / 1e6, record["size_bytes"] / 1e6,
+             record["peak_rss_bytes"] / 2**30)
+    progress(1.0)
+    return record
 
 
 def load_llmcompressor():
@@ -132,15 +141,15 @@ class _LayerProgress:
     """Reports progress from forward calls of the decoder layers: calibrating runs every sample
     through every layer `passes` times (capture, then propagate the quantized outputs)."""
 
-    def __init__(self, model: Any, ctx: BuildContext, passes: int, samples: int) -> None:
+    def __init__(self, model: Any, progress: Callable[[float], None], passes: int, samples: int) -> None:
         self.layers = list(getattr(getattr(model, "model", model), "layers", []))
-        self.ctx, self.total = ctx, max(passes * samples * len(self.layers), 1)
+        self.progress, self.total = progress, max(passes * samples * len(self.layers), 1)
         self.calls, self.handles = 0, []
 
     def _hook(self, *_: Any) -> None:
         self.calls += 1
         if self.calls % 8 == 0:
-            self.ctx.progress(0.05 + 0.85 * min(self.calls / self.total, 1.0))
+            self.progress(0.05 + 0.85 * min(self.calls / self.total, 1.0))
 
     def __enter__(self) -> "_LayerProgress":
         self.handles = [layer.register_forward_hook(self._hook) for layer in self.layers]

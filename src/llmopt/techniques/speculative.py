@@ -1,16 +1,19 @@
-"""The speculative step: a draft model (copied into the artifact) or draft-free n-gram lookup."""
+"""The speculative step: a draft model (copied, or quantized, into the artifact) or draft-free n-gram lookup."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import TypeAdapter
 
 from llmopt import artifact, catalog, sources
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import benchmark
-from llmopt.recipe import DraftModel, NGram
-from llmopt.techniques import BuildContext
+from llmopt.recipe import DraftModel, NGram, Quantization
+from llmopt.techniques import BuildContext, quantize
 from llmopt.techniques.served import SERVED_NAME, served
 
 DRAFT_DIR = "draft"
@@ -24,8 +27,16 @@ def catalog_id(model: sources.Model) -> str | None:
     return model.id if catalog.is_catalog_id(model.id) else None
 
 
-def resolve_draft(spec: DraftModel, target: sources.Model) -> sources.Model:
-    name = spec.model
+@dataclass(frozen=True)
+class Draft:
+    """The model a recipe drafts with, and how it is quantized before it drafts."""
+
+    model: sources.Model
+    quantization: Quantization | None
+
+
+def resolve_draft(spec: DraftModel, target: sources.Model) -> Draft:
+    name, quantization = spec.model, spec.quantization
     if name == "recommended":
         target_id = catalog_id(target)
         if target_id is None:
@@ -33,22 +44,26 @@ def resolve_draft(spec: DraftModel, target: sources.Model) -> sources.Model:
                 f"'{target.id}' is not a catalogue model, so it has no recommended draft",
                 "name a draft model (speculative.model) or use method ngram",
             )
-        name = catalog.get(target_id).recommended_draft
+        entry = catalog.get(target_id)
+        name = entry.recommended_draft
         if name == "ngram":
             raise LlmoptError(
                 f"'{target_id}' has no smaller sibling to draft with; its recommended method is ngram",
                 "use `--speculative ngram` (method: ngram)",
             )
-    return sources.resolve(name)
+        if quantization is None and entry.recommended_draft_quantization:
+            quantization = TypeAdapter(Quantization).validate_python(entry.recommended_draft_quantization)
+    return Draft(sources.resolve(name), quantization)
 
 
-def check_draft(spec: DraftModel, target: sources.Model, verdict) -> None:
-    """Same tokenizer vocabulary, and not larger than the target."""
+def check_draft(spec: DraftModel, target: sources.Model, verdict) -> Draft | None:
+    """Same tokenizer vocabulary, and not larger than the target. The draft, if it resolves."""
     try:
-        draft = resolve_draft(spec, target)
+        resolved = resolve_draft(spec, target)
     except LlmoptError as exc:
         verdict.refusals.append(f"{exc.problem}; {exc.fix}")
-        return
+        return None
+    draft = resolved.model
     target_vocab, draft_vocab = _vocabulary(Path(target.path)), _vocabulary(Path(draft.path))
     if target_vocab != draft_vocab:
         differing = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
@@ -62,10 +77,11 @@ def check_draft(spec: DraftModel, target: sources.Model, verdict) -> None:
             f"draft '{draft.id}' ({draft.size_bytes / 1e6:.0f} MB) is larger than the target '{target.id}' "
             f"({target.size_bytes / 1e6:.0f} MB); use a smaller draft"
         )
-    elif draft.content_hash == target.content_hash:
+    elif draft.content_hash == target.content_hash and resolved.quantization is None:
         verdict.warnings.append(
             f"draft '{draft.id}' is the target itself: speculation will be exact but cannot be faster"
         )
+    return resolved
 
 
 def engine_config(spec: DraftModel | NGram, draft_path: str | None = None) -> dict[str, object]:
@@ -95,8 +111,16 @@ def apply(ctx: BuildContext) -> None:
     if isinstance(spec, DraftModel):
         draft = resolve_draft(spec, ctx.source)
         dest = ctx.workdir / DRAFT_DIR
-        shutil.copytree(draft.path, dest)
-        ctx.references["draft"] = {"model": draft.id, "content_hash": draft.content_hash, "path": DRAFT_DIR}
+        reference = {"model": draft.model.id, "content_hash": draft.model.content_hash, "path": DRAFT_DIR}
+        if draft.quantization is None:
+            shutil.copytree(draft.model.path, dest)
+        else:
+            dest.mkdir()
+            tensor_parallel = ctx.recipe.sharding.tensor_parallel_size if ctx.recipe.sharding else 1
+            ctx.metrics["draft_quantization"] = quantize.quantize_model(
+                draft.quantization, draft.model, dest, tensor_parallel, ctx.log, lambda f: ctx.progress(0.95 * f))
+            reference["quantization"] = draft.quantization.method
+        ctx.references["draft"] = reference
         draft_path = artifact.relative(dest, ctx.workdir)
     config = engine_config(spec, draft_path)
     ctx.engine = ctx.engine.model_copy(update={"speculative_config": config})
