@@ -115,6 +115,7 @@ def apply(ctx: BuildContext) -> None:
         if draft.quantization is None:
             shutil.copytree(draft.model.path, dest)
         else:
+            ctx.log.info("quantizing the draft %s (%s) before it drafts", draft.model.id, draft.quantization.method)
             dest.mkdir()
             tensor_parallel = ctx.recipe.sharding.tensor_parallel_size if ctx.recipe.sharding else 1
             ctx.metrics["draft_quantization"] = quantize.quantize_model(
