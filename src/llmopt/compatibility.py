@@ -64,7 +64,7 @@ def check(recipe: Recipe, target: Model, hardware: Hardware) -> Verdict:
 
 
 def _tensor_parallel_devices(recipe: Recipe, target: Model, config: dict, hardware: Hardware, verdict: Verdict) -> None:
-    degree = recipe.sharding.tensor_parallel_size if recipe.sharding else 1
+    degree = recipe.tensor_parallel_size
     devices = hardware.gpu_count if hardware.device == "cuda" else 1
     heads = config.get("num_attention_heads")
     if degree > devices:
@@ -86,7 +86,7 @@ def _speculation_fits(recipe: Recipe, target: Model, config: dict, hardware: Har
     if isinstance(spec, DraftModel):
         draft = speculative.check_draft(spec, target, verdict)
         if draft is not None and draft.quantization is not None:  # checked as a recipe of its own
-            of_draft = check(Recipe(quantization=draft.quantization), draft.model, hardware)
+            of_draft = check(Recipe(quantization=draft.quantization, sharding=recipe.sharding), draft.model, hardware)
             verdict.refusals += [f"draft quantization: {r}" for r in of_draft.refusals]
             verdict.warnings += [f"draft quantization: {w}" for w in of_draft.warnings]
     if spec.disable_above_batch == "auto":
@@ -113,9 +113,8 @@ def _quantization_fits(recipe: Recipe, target: Model, config: dict, hardware: Ha
             "quantize the model it was made from instead"
         )
         return
-    tensor_parallel = recipe.sharding.tensor_parallel_size if recipe.sharding else 1
     try:
-        fitted = schemes.fit(recipe.quantization, config, tensor_parallel)
+        fitted = schemes.fit(recipe.quantization, config, recipe.tensor_parallel_size)
     except LlmoptError as exc:
         verdict.refusals.append(f"{exc.problem}; {exc.fix}")
         return

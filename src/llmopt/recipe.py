@@ -166,6 +166,10 @@ class Recipe(_Technique):
             raise ValueError("speculative.num_speculative_tokens must be smaller than compilation.max_model_len")
         return self
 
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.sharding.tensor_parallel_size if self.sharding else 1
+
     def techniques(self) -> list[str]:
         """Names of the techniques in the recipe, as the compatibility matrix spells them."""
         names = []
@@ -178,7 +182,7 @@ class Recipe(_Technique):
             names.append(f"speculative.{self.speculative.method}")
         if self.compilation:
             names.append("compilation")
-        if self.sharding and self.sharding.tensor_parallel_size > 1:
+        if self.tensor_parallel_size > 1:
             names.append("sharding.tensor_parallel")
         return names
 

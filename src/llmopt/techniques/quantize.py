@@ -59,8 +59,7 @@ def check_memory(q: Quantization, config: dict, weight_bytes: int) -> str | None
 def apply(ctx: BuildContext) -> None:
     q = ctx.recipe.quantization
     assert q is not None
-    tensor_parallel = ctx.recipe.sharding.tensor_parallel_size if ctx.recipe.sharding else 1
-    ctx.metrics["quantization"] = quantize_model(q, ctx.source, ctx.workdir, tensor_parallel, ctx.log, ctx.progress)
+    ctx.metrics["quantization"] = quantize_model(q, ctx.source, ctx.workdir, ctx.recipe.tensor_parallel_size, ctx.log, ctx.progress)
 
 
 def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_parallel: int,

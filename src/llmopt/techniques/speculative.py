@@ -117,9 +117,8 @@ def apply(ctx: BuildContext) -> None:
         else:
             ctx.log.info("quantizing the draft %s (%s) before it drafts", draft.model.id, draft.quantization.method)
             dest.mkdir()
-            tensor_parallel = ctx.recipe.sharding.tensor_parallel_size if ctx.recipe.sharding else 1
             ctx.metrics["draft_quantization"] = quantize.quantize_model(
-                draft.quantization, draft.model, dest, tensor_parallel, ctx.log, lambda f: ctx.progress(0.95 * f))
+                draft.quantization, draft.model, dest, ctx.recipe.tensor_parallel_size, ctx.log, lambda f: ctx.progress(0.95 * f))
             reference["quantization"] = draft.quantization.method
         ctx.references["draft"] = reference
         draft_path = artifact.relative(dest, ctx.workdir)
