@@ -12,9 +12,10 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import llmopt
-from llmopt.recipe import AWQ, Calibration, Recipe
+from llmopt import AWQ, Calibration, Recipe, artifact
 
 MODEL = "smollm2-135m-instruct"
 NO_BUDGET = 10.0  # measure every variant; the job's budget check would fail the ones over 12%
@@ -30,31 +31,31 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def run(name: str, recipe: Recipe) -> dict:
-    """The job's metrics, or its failure reason."""
+def run(name: str, recipe: Recipe) -> Any:
+    """The job's manifest metrics, or its failure reason."""
     job = llmopt.optimize(MODEL, recipe, name=f"awqq-{name}-{int(time.time())}", force=True)
     if job.artifact is None:
-        return {"failed": job.record.failure_reason}
-    return json.loads((job.artifact / "llmopt.json").read_text())["metrics"]
+        return job.record.failure_reason or job.status
+    return artifact.load(job.artifact).metrics
 
 
 def main(selected: list[str]) -> None:
-    base = run("base", Recipe())["perplexity"]["perplexity"]
+    base = run("base", Recipe()).perplexity.perplexity
     rows = []
     for i, (label, knobs) in enumerate(VARIANTS.items()):
         if selected and str(i) not in selected:
             continue
         metrics = run(f"v{i}", Recipe(quantization=AWQ(max_perplexity_increase=NO_BUDGET, **knobs)))
-        if "failed" in metrics:
-            rows.append({"variant": label, "failed": metrics["failed"]})
-            print(f"{label:45s} FAILED: {metrics['failed'][:150]}", flush=True)
+        if isinstance(metrics, str):
+            rows.append({"variant": label, "failed": metrics})
+            print(f"{label:45s} FAILED: {metrics[:150]}", flush=True)
             continue
-        q = metrics["quantization"]
-        ppl = metrics["perplexity"]["perplexity"]
+        q = metrics.quantization
+        ppl = metrics.perplexity.perplexity
         rows.append({"variant": label, "perplexity": round(ppl, 3), "increase": round(ppl / base - 1, 4),
-                     "group_size": q["group_size"], "calibration": q.get("calibration"),
-                     "weights_mb": round(q["size_bytes"] / 1e6, 1), "quantize_seconds": q["seconds"]})
-        print(f"{label:45s} ppl {ppl:7.3f}  {100 * (ppl / base - 1):+6.2f}%  {q['size_bytes'] / 1e6:6.1f} MB  {q['seconds']:6.1f} s", flush=True)
+                     "group_size": q.group_size, "calibration": q.calibration.model_dump() if q.calibration else None,
+                     "weights_mb": round(q.size_bytes / 1e6, 1), "quantize_seconds": q.seconds})
+        print(f"{label:45s} ppl {ppl:7.3f}  {100 * (ppl / base - 1):+6.2f}%  {q.size_bytes / 1e6:6.1f} MB  {q.seconds:6.1f} s", flush=True)
     path = Path(__file__).parent / "results" / "awq_quality.json"
     earlier = json.loads(path.read_text())["variants"] if path.exists() else []
     rows += [r for r in earlier if r["variant"] not in {row["variant"] for row in rows}]  # runs of other variants

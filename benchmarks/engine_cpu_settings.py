@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import llmopt
-from llmopt.engine.config import EngineConfig
+from llmopt import EngineConfig
 
 CONFIGS = {
     "vllm default (1 reserved, no preload)": EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp"),
@@ -28,13 +28,13 @@ def main() -> None:
     rows = []
     for label, engine in CONFIGS.items():
         with llmopt.deploy("smollm2-135m-instruct", engine=engine) as endpoint:
-            row = {"config": label, "env": json.loads(endpoint.engine_env), "ready_s": round(endpoint.seconds_to_ready, 1)}
+            row = {"config": label, "env": endpoint.environment, "ready_s": round(endpoint.seconds_to_ready, 1)}
             for level, count in LEVELS.items():
                 result = llmopt.evaluate(endpoint=endpoint.name, dataset="synthetic:64,128", concurrency=[level],
                                          requests=count, quality=False)
-                lvl = result["targets"][0]["levels"][0]
-                row[f"out_tok_s_c{level}"] = round(lvl["output_tokens_per_s"], 1)
-                row[f"itl_p50_ms_c{level}"] = round(lvl["itl_ms"]["p50"], 2)
+                lvl = result.targets[0].levels[0]
+                row[f"out_tok_s_c{level}"] = round(lvl.output_tokens_per_s, 1)
+                row[f"itl_p50_ms_c{level}"] = round(lvl.itl_ms.p50, 2)
             rows.append(row)
     base = rows[0]
     print(f"{'config':<40} {'ready s':>8} {'tok/s b1':>9} {'x':>6} {'tok/s b8':>9} {'x':>6}")

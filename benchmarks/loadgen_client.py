@@ -25,7 +25,7 @@ def main() -> None:
         work = Workload("stub", [Request(({"role": "user", "content": "hi"},), TOKENS_PER_REQUEST)])
         rows = []
         for concurrency in (1, 8, 32):
-            run = asyncio.run(loadgen.run_level(url, "stub", work, concurrency, loadgen.RunSettings(REQUESTS, None, 0)))
+            run = asyncio.run(loadgen.run_level(url, "stub", work, concurrency, loadgen.RunSettings(REQUESTS, None, 0), {}))
             chunks = sum(len(r.chunk_times) for r in run.records)
             errors = sum(1 for r in run.records if r.error)
             rows.append({"concurrency": concurrency, "requests": len(run.records), "errors": errors,

@@ -31,7 +31,7 @@ def decode_speed(path: Path) -> dict[int, float]:
         speeds = {}
         for level, count in LEVELS.items():
             result = llmopt.evaluate(endpoint=endpoint.name, dataset=WORKLOAD, concurrency=[level], requests=count, quality=False)
-            speeds[level] = result["targets"][0]["levels"][0]["output_tokens_per_s"]
+            speeds[level] = result.targets[0].levels[0].output_tokens_per_s
     return speeds
 
 
@@ -52,12 +52,13 @@ def main(rounds: int) -> None:
     base = {lvl: statistics.median(samples["bf16"][lvl]) for lvl in LEVELS}
     for label, path in built.items():
         metrics = artifact.verify(path).metrics
-        q = metrics.get("quantization", {})
-        row = {"scheme": label, "artifact": path.name, "perplexity": round(metrics["perplexity"]["perplexity"], 3),
-               "perplexity_increase": metrics.get("perplexity_increase", 0.0), "kernels": metrics.get("kernels", {}),
-               "weights_mb": round(q.get("size_bytes", metrics["source_size_bytes"]) / 1e6, 1),
-               "quantize_seconds": q.get("seconds"), "quantize_peak_gib": round(q["peak_rss_bytes"] / 2**30, 2) if q else None,
-               "calibration": q.get("calibration"), "group_size": q.get("group_size"), "block_size": q.get("block_size")}
+        q = metrics.quantization
+        row = {"scheme": label, "artifact": path.name, "perplexity": round(metrics.perplexity.perplexity, 3),
+               "perplexity_increase": metrics.perplexity_increase or 0.0, "kernels": metrics.kernels,
+               "weights_mb": round((q.size_bytes if q else metrics.source_size_bytes) / 1e6, 1),
+               "quantize_seconds": q.seconds if q else None, "quantize_peak_gib": round(q.peak_rss_bytes / 2**30, 2) if q else None,
+               "calibration": q.calibration.model_dump() if q and q.calibration else None,
+               "group_size": q.group_size if q else None, "block_size": q.block_size if q else None}
         for level in LEVELS:
             median = statistics.median(samples[label][level])
             row[f"tok_s_b{level}"] = round(median, 1)

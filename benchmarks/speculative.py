@@ -22,10 +22,9 @@ import tempfile
 from pathlib import Path
 
 import llmopt
-from llmopt import sources
-from llmopt.engine.config import EngineConfig
-from llmopt.recipe import DraftModel, NGram
-from llmopt.techniques import quantize, speculative
+from llmopt import DraftModel, EngineConfig, NGram, sources
+from llmopt.evaluation.results import Level
+from llmopt.techniques import quantization, speculative
 
 LEVELS = [1, 2, 4, 8]
 REQUESTS = 8
@@ -40,10 +39,10 @@ CASES = {  # model, workload, variants, rounds
 }
 
 
-def measure(model: str, dataset: str, engine: EngineConfig) -> list[dict]:
+def measure(model: str, dataset: str, engine: EngineConfig) -> list[Level]:
     with llmopt.deploy(model, engine=engine) as endpoint:
         result = llmopt.evaluate(endpoint=endpoint.name, dataset=dataset, concurrency=LEVELS, requests=REQUESTS, quality=False)
-    return result["targets"][0]["levels"]
+    return result.targets[0].levels
 
 
 def draft_folder(draft: speculative.Draft, workdir: Path) -> str:
@@ -53,7 +52,7 @@ def draft_folder(draft: speculative.Draft, workdir: Path) -> str:
     dest = workdir / f"{draft.model.id}-{draft.quantization.method}"
     if not dest.exists():
         dest.mkdir()
-        quantize.quantize_model(draft.quantization, draft.model, dest, 1, logging.getLogger("draft"), lambda _: None)
+        quantization.quantize_model(draft.quantization, draft.model, dest, 1, logging.getLogger("draft"), lambda _: None)
     return str(dest)
 
 
@@ -64,8 +63,11 @@ def run_case(model: str, dataset: str, variants: list, rounds: int, workdir: Pat
     base_engine = EngineConfig(max_model_len=4096, kv_cache_gib=4)
     engines = {"none": base_engine}
     for label, spec in variants:
-        draft = draft_folder(speculative.resolve_draft(spec, target), workdir) if isinstance(spec, DraftModel) else None
-        engines[label] = base_engine.model_copy(update={"speculative_config": speculative.engine_config(spec, draft)})
+        engine = speculative.TECHNIQUE.configure(spec, base_engine)
+        if isinstance(spec, DraftModel):  # the draft's own folder, not the artifact's ./draft
+            draft = draft_folder(speculative.resolve_draft(spec, target), workdir)
+            engine = engine.model_copy(update={"speculative": engine.speculative.model_copy(update={"model": draft})})
+        engines[label] = engine
     runs: dict[str, list[list[dict]]] = {label: [] for label in engines}
     for _ in range(rounds):
         for label, engine in engines.items():
@@ -87,14 +89,14 @@ def _median(rounds: tuple[dict, ...]) -> dict:
             for key in rounds[0]}
 
 
-def _summary(level: dict) -> dict:
-    spec = level.get("speculative") or {}
-    return {"concurrency": level["concurrency"], "output_tokens_per_s": round(level["output_tokens_per_s"], 2),
+def _summary(level: Level) -> dict:
+    spec = level.speculative
+    return {"concurrency": level.concurrency, "output_tokens_per_s": round(level.output_tokens_per_s, 2),
             # where the time goes: prefill (TTFT) is not sped up, decode (TPOT) is
-            "ttft_ms": round(level["ttft_ms"]["mean"], 1), "tpot_ms": round(level["tpot_ms"]["mean"], 2),
-            "output_tokens": round(level["per_request"]["output_tokens"]["mean"], 1),
-            "acceptance_rate": round(spec.get("acceptance_rate", 0.0), 3),
-            "mean_accepted_length": round(spec.get("mean_accepted_length", 0.0), 2)}
+            "ttft_ms": round(level.ttft_ms.mean, 1), "tpot_ms": round(level.tpot_ms.mean, 2),
+            "output_tokens": round(level.per_request.output_tokens.mean, 1),
+            "acceptance_rate": round(spec.acceptance_rate if spec else 0.0, 3),
+            "mean_accepted_length": round(spec.mean_accepted_length if spec else 0.0, 2)}
 
 
 def main() -> None:

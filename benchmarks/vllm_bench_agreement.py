@@ -46,9 +46,9 @@ def vllm_bench(url: str, model: str, tokenizer: str, concurrency: int, seed: int
 
 def ours(endpoint: str, concurrency: int, seed: int, prompts: int) -> dict:
     level = llmopt.evaluate(endpoint=endpoint, dataset=f"synthetic:{INPUT_LEN},{OUTPUT_LEN}", concurrency=[concurrency],
-                            requests=prompts, quality=False, seed=seed)["targets"][0]["levels"][0]
-    return {"median_ttft_ms": level["ttft_ms"]["p50"], "median_itl_ms": level["itl_ms"]["p50"],
-            "median_tpot_ms": level["tpot_ms"]["p50"], "output_throughput": level["output_tokens_per_s"]}
+                            requests=prompts, quality=False, seed=seed).targets[0].levels[0]
+    return {"median_ttft_ms": level.ttft_ms.p50, "median_itl_ms": level.itl_ms.p50,
+            "median_tpot_ms": level.tpot_ms.p50, "output_throughput": level.output_tokens_per_s}
 
 
 def main() -> None:

@@ -1,4 +1,9 @@
-"""Shared fixtures: one llmopt home, one imported default model and one vLLM engine per session."""
+"""Shared fixtures: one llmopt home, one imported default model and one vLLM engine per session,
+and the artifacts several test modules use, each built once per session.
+
+Tests that start an engine or a job are marked `engine`; `pytest -m "not engine"` is the fast
+tier. An unmarked test that tries to start one fails at once, so the tiers stay honest.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +20,34 @@ os.environ["LLMOPT_HOME"] = tempfile.mkdtemp(prefix="llmopt-test-home-")
 
 import llmopt  # noqa: E402
 from llmopt import catalog, sources  # noqa: E402
+from llmopt.engine import vllm  # noqa: E402
 from llmopt.engine.config import EngineConfig  # noqa: E402
+from llmopt.jobs import runner  # noqa: E402
 
 SMALL_ENGINE = EngineConfig(max_model_len=2048, kv_cache_gib=1)
+
+
+_RUNNING: dict[str, pytest.Item | None] = {"item": None}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _RUNNING["item"] = item  # session fixtures a test sets up count as the test's
+
+
+def _engine_tier_only(start):
+    """Outside the engine tier, starting an engine or a job worker (in a test or a fixture it uses) is a test bug."""
+    def guarded(*args: object, **kwargs: object):
+        item = _RUNNING["item"]
+        if item is not None and item.get_closest_marker("engine") is None:
+            raise AssertionError(f"{item.nodeid} starts an engine or a job: mark it @pytest.mark.engine")
+        return start(*args, **kwargs)
+
+    return guarded
+
+
+vllm.start_server = _engine_tier_only(vllm.start_server)
+runner._spawn = _engine_tier_only(runner._spawn)
 
 
 @pytest.fixture(scope="session")
@@ -39,9 +69,17 @@ def endpoint(smol: sources.Model):
 
 
 @pytest.fixture(scope="session")
-def baseline(smol: sources.Model) -> "llmopt.Job":
+def baseline(smol: sources.Model) -> llmopt.Job:
     """The baseline recipe's artifact, built (and measured) once per session."""
     job = llmopt.optimize(smol.id, "baseline", name="baseline-job")
+    assert job.status == "COMPLETED", job.record.failure_reason
+    return job
+
+
+@pytest.fixture(scope="session")
+def smoothquant(smol: sources.Model, baseline: llmopt.Job) -> llmopt.Job:
+    """The built-in SmoothQuant recipe's artifact (what `llmopt demo` builds), once per session."""
+    job = llmopt.optimize(smol.id, "smoothquant", name="smoothquant-job")
     assert job.status == "COMPLETED", job.record.failure_reason
     return job
 

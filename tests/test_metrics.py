@@ -9,6 +9,7 @@ import pytest
 from llmopt.engine import metrics as engine_metrics
 from llmopt.evaluation import metrics, pricing
 from llmopt.evaluation.loadgen import LevelRun, RequestRecord
+from llmopt.evaluation.results import GoodputTargets
 from llmopt.evaluation.tokens import TokenCounter
 from llmopt.evaluation.workload import Request
 
@@ -27,7 +28,7 @@ class WordTokenizer:
         return Encoded()
 
 
-PRICE = pricing.HardwareProfile("test", "test", price_per_hour=3.6, as_of="test", discount=0.5)
+PRICE = pricing.HardwareProfile(name="test", description="test", price_per_hour=3.6, as_of="test", discount=0.5)
 PLAN = [
     Request(({"role": "user", "content": "one two three"},), 8, expected="Paris"),  # 5 prompt tokens
     Request(({"role": "user", "content": "four five six seven eight"},), 8),  # 7 prompt tokens
@@ -52,36 +53,36 @@ def _run() -> LevelRun:
 
 
 def test_level_metrics_match_hand_computation() -> None:
-    m = metrics.compute(_run(), TokenCounter(WordTokenizer()), PRICE, metrics.GoodputTargets(ttft_ms=300, itl_ms=201))
+    m = metrics.compute(_run(), TokenCounter(WordTokenizer()), PRICE, GoodputTargets(ttft_ms=300, itl_ms=201))
     duration = 1.4
-    assert m["duration_s"] == pytest.approx(duration)
-    assert m["invocations"] == 5 and m["invocation_errors"] == 1 and m["errors"] == {"HTTP 500: boom": 1}
-    assert m["tokenizer_failures"] == 1 and m["empty_responses"] == 1
+    assert m.duration_s == pytest.approx(duration)
+    assert m.invocations == 5 and m.invocation_errors == 1 and m.errors == {"HTTP 500: boom": 1}
+    assert m.tokenizer_failures == 1 and m.empty_responses == 1
     # TTFT: 0.2, 0.4, 0.5 s
-    assert m["ttft_ms"]["p50"] == pytest.approx(400) and m["ttft_ms"]["mean"] == pytest.approx(1100 / 3)
+    assert m.ttft_ms.p50 == pytest.approx(400) and m.ttft_ms.mean == pytest.approx(1100 / 3)
     # ITL gaps: 0.1, 0.2 (first request), 0.6 (second)
-    assert m["itl_ms"]["mean"] == pytest.approx(300) and m["itl_ms"]["max"] == pytest.approx(600)
+    assert m.itl_ms.mean == pytest.approx(300) and m.itl_ms.max == pytest.approx(600)
     # TPOT: (0.6-0.2)/(3-1) = 0.2 s; (1.0-0.4)/(2-1) = 0.6 s
-    assert m["tpot_ms"]["mean"] == pytest.approx(400)
+    assert m.tpot_ms.mean == pytest.approx(400)
     # latency: 0.6, 1.0, 0.2, 1.0 s over the four successes
-    assert m["latency_ms"]["mean"] == pytest.approx(700) and m["latency_ms"]["p50"] == pytest.approx(800)
+    assert m.latency_ms.mean == pytest.approx(700) and m.latency_ms.p50 == pytest.approx(800)
     # tokens: prompts 5 + 7 + 7 + 9 (usage fallback) = 28; outputs 3 + 2 + 0 + 1 = 6
-    assert m["input_tokens_per_s"] == pytest.approx(28 / duration)
-    assert m["output_tokens_per_s"] == pytest.approx(6 / duration)
-    assert m["request_throughput_per_s"] == pytest.approx(4 / duration)
-    per = m["per_request"]
-    assert per["input_tokens"]["mean"] == pytest.approx(7) and per["output_tokens"]["mean"] == pytest.approx(1.5)
-    assert per["output_tokens_per_s"]["mean"] == pytest.approx((3 / 0.6 + 2 / 1.0 + 0 + 1 / 1.0) / 4)
+    assert m.input_tokens_per_s == pytest.approx(28 / duration)
+    assert m.output_tokens_per_s == pytest.approx(6 / duration)
+    assert m.request_throughput_per_s == pytest.approx(4 / duration)
+    per = m.per_request
+    assert per.input_tokens.mean == pytest.approx(7) and per.output_tokens.mean == pytest.approx(1.5)
+    assert per.output_tokens_per_s.mean == pytest.approx((3 / 0.6 + 2 / 1.0 + 0 + 1 / 1.0) / 4)
     # price: $3.6/h at 50% off = $1.8/h = $0.0005/s
     hourly = 1.8
-    assert m["price"]["per_million_input_tokens"] == pytest.approx(hourly / (28 / duration * 3600 / 1e6))
-    assert m["price"]["per_million_output_tokens"] == pytest.approx(hourly / (6 / duration * 3600 / 1e6))
-    assert m["price"]["blended_per_million_tokens"] == pytest.approx(hourly / (34 / duration * 3600 / 1e6) / 4)
+    assert m.price.per_million_input_tokens == pytest.approx(hourly / (28 / duration * 3600 / 1e6))
+    assert m.price.per_million_output_tokens == pytest.approx(hourly / (6 / duration * 3600 / 1e6))
+    assert m.price.blended_per_million_tokens == pytest.approx(hourly / (34 / duration * 3600 / 1e6) / 4)
     # goodput: TTFT <= 300 ms and TPOT <= 201 ms: only the first request
-    assert m["goodput"]["requests_per_s"] == pytest.approx(1 / duration) and m["goodput"]["fraction"] == pytest.approx(1 / 5)
+    assert m.goodput.requests_per_s == pytest.approx(1 / duration) and m.goodput.fraction == pytest.approx(1 / 5)
     # accuracy: the first request expected "Paris" and got it
-    assert m["accuracy"] == {"correct": 1, "answered": 1, "rate": 1.0}
-    assert m["server_counted_tokens"] == {"input": 28, "output": 7}
+    assert m.accuracy is not None and (m.accuracy.correct, m.accuracy.answered, m.accuracy.rate) == (1, 1, 1.0)
+    assert (m.server_counted_tokens.input, m.server_counted_tokens.output) == (28, 7)
 
 
 def test_blended_price_formula_from_design() -> None:
@@ -99,12 +100,12 @@ def test_speculative_counters_from_prometheus_text() -> None:
                                  "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 330.0\n"
                                  "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 255.0\n")
     spec = engine_metrics.speculative(engine_metrics.delta(before, after))
-    assert spec["acceptance_rate"] == pytest.approx(240 / 300)
-    assert spec["mean_accepted_length"] == pytest.approx(1 + 240 / 100)
+    assert spec.acceptance_rate == pytest.approx(240 / 300)
+    assert spec.mean_accepted_length == pytest.approx(1 + 240 / 100)
     assert engine_metrics.speculative({}) is None
 
 
 def test_stats_percentiles() -> None:
     s = metrics.stats([1, 2, 3, 4])
-    assert s["p50"] == 2.5 and s["mean"] == 2.5 and math.isclose(s["p99"], 3.97)
+    assert s.p50 == 2.5 and s.mean == 2.5 and math.isclose(s.p99, 3.97)
     assert metrics.stats([]) is None

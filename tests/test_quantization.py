@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 import llmopt
-from llmopt import artifact, client, compatibility, corpus, sources
+from llmopt import AWQ, FP8, Calibration, KVCache, Recipe, SmoothQuant
+from llmopt import artifact, client, corpus, sources, techniques
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
 from llmopt.jobs import store
-from llmopt.recipe import AWQ, FP8, Calibration, KVCache, Recipe, SmoothQuant
-from llmopt.techniques import calibration, schemes
+from llmopt.techniques.quantization import calibration, schemes
 
 from conftest import assert_one_line_error, run_cli
 
@@ -25,10 +25,11 @@ SCHEMES = {
     # AWQ's defaults land at +11.5-11.8% against its 12% budget (benchmarks/awq_quality.py); CI
     # allows 15% so calibration-order noise cannot fail it, and the budget itself is tested below.
     "awq": (Recipe(quantization=AWQ(max_perplexity_increase=0.15)), "CPUWNA16LinearKernel", "pack-quantized"),
-    # the built-in smoothquant recipe: `llmopt demo` (tests/test_demo.py) built it first, so this job reuses its artifact
+    # the built-in smoothquant recipe: the session's `smoothquant` fixture builds it, this job reuses its artifact
     "smoothquant": (Recipe(quantization=SmoothQuant()), "CPUInt8ScaledMMLinearKernel", "int-quantized"),
-    "fp8-block+kv-fp8": (Recipe(quantization=FP8(scheme="block"), kv_cache=KVCache(dtype="fp8")), "CPUFp8BlockScaledMMKernel",
-                         "float-quantized"),
+    # needs AMX tiles on CPU: refused by the matrix on other processors, which the test then checks instead
+    "fp8-block": (Recipe(quantization=FP8(scheme="block")), "CPUFp8BlockScaledMMKernel", "float-quantized"),
+    "kv-fp8": (Recipe(kv_cache=KVCache(dtype="fp8")), None, None),
 }
 
 FACTS = {
@@ -41,66 +42,80 @@ FACTS = {
 
 
 @pytest.fixture(scope="module", params=list(SCHEMES))
-def quantized(request: pytest.FixtureRequest, baseline: llmopt.Job, smol: sources.Model):
-    """One job per scheme. The baseline job ran first, so the source's perplexity is reused."""
+def quantized(request: pytest.FixtureRequest, baseline: llmopt.Job, smoothquant: llmopt.Job, smol: sources.Model):
+    """One job per scheme (the baseline job ran first, so the source's perplexity is reused), or,
+    where the matrix refuses the scheme on this processor, the refusal."""
     recipe, kernel, fmt = SCHEMES[request.param]
+    refusals = techniques.check(recipe, smol, platform.detect()).refusals
+    if refusals:
+        with pytest.raises(LlmoptError) as refused:
+            llmopt.optimize(smol.id, recipe, name=f"q-{request.param}")
+        return request.param, None, kernel, fmt, refused.value
     job = llmopt.optimize(smol.id, recipe, name=f"q-{request.param}")
     assert job.status == store.COMPLETED, job.record.failure_reason
-    return request.param, job, kernel, fmt
+    return request.param, job, kernel, fmt, None
 
 
+@pytest.mark.engine
 def test_scheme_end_to_end(quantized, baseline: llmopt.Job, smol: sources.Model) -> None:
-    scheme, job, kernel, fmt = quantized
+    scheme, job, kernel, fmt, refused = quantized
+    if refused is not None:  # this processor cannot run it: refused before any work, with the reason and what to use
+        assert scheme == "fp8-block" and "need AMX tiles" in str(refused) and "smoothquant" in str(refused)
+        assert "amx_tile" not in platform.detect().cpu_flags
+        return
     manifest = artifact.verify(job.artifact)
-    kv_fp8 = "kv-fp8" in scheme
-    assert [s["name"] for s in manifest.steps] == ["quantize", *(["engine-settings"] if kv_fp8 else []), "measure"]
-    config = json.loads((job.artifact / "config.json").read_text())
-    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
-    assert {g["format"] for g in config["quantization_config"]["config_groups"].values()} == {fmt}
-
     metrics = manifest.metrics
-    q = metrics["quantization"]
-    assert q["method"] == manifest.recipe["quantization"]["method"]
-    assert q["seconds"] > 0 and q["peak_rss_bytes"] > 2 * q["size_bytes"]
-    assert q["peak_rss_bytes"] <= q["estimated_peak_bytes"], "the memory estimate must bound the real peak"
-    assert q["size_bytes"] < 0.7 * q["source_size_bytes"]
-    assert q["source_size_bytes"] == (Path(smol.path) / "model.safetensors").stat().st_size
-    assert metrics["kernels"], "vLLM's kernel choice is recorded"
-    assert kernel in metrics["kernels"].values(), metrics["kernels"]
+    quantizes = manifest.recipe.quantization is not None
+    assert [s.name for s in manifest.steps] == ["quantize" if quantizes else "weights", "measure"]
+    config = json.loads((job.artifact / "config.json").read_text())
+    if quantizes:
+        assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+        assert {g["format"] for g in config["quantization_config"]["config_groups"].values()} == {fmt}
+        q = metrics.quantization
+        assert q.method == manifest.recipe.quantization.method
+        assert q.seconds > 0 and q.peak_rss_bytes > 2 * q.size_bytes
+        assert q.peak_rss_bytes <= q.estimated_peak_bytes, "the memory estimate must bound the real peak"
+        assert q.size_bytes < 0.7 * q.source_size_bytes
+        assert q.source_size_bytes == (Path(smol.path) / "model.safetensors").stat().st_size
+        assert kernel in metrics.kernels.values(), metrics.kernels  # vLLM's kernel choice is recorded
+    else:
+        assert "quantization_config" not in config and manifest.engine.settings.kv_cache_dtype == "fp8"
 
     # the quality cost, against the source's perplexity that the baseline job measured
-    base = artifact.verify(baseline.artifact).metrics["perplexity"]
-    assert metrics["perplexity_base"] == base
-    increase = metrics["perplexity"]["perplexity"] / base["perplexity"] - 1
-    assert metrics["perplexity_increase"] == pytest.approx(increase, abs=1e-4)
-    assert increase <= manifest.recipe["quantization"]["max_perplexity_increase"]
+    base = artifact.verify(baseline.artifact).metrics.perplexity
+    assert metrics.perplexity_base == base
+    increase = metrics.perplexity.perplexity / base.perplexity - 1
+    assert metrics.perplexity_increase == pytest.approx(increase, abs=1e-4)
+    assert increase <= (manifest.recipe.quantization.max_perplexity_increase if quantizes else 0.10)
 
     with job.deploy(name=f"ep-{scheme}") as endpoint:
         # the endpoint serves the very model the job measured within budget...
         served = quality.perplexity(endpoint.url, endpoint.served_name, corpus.heldout_texts())
-        assert served.perplexity == pytest.approx(metrics["perplexity"]["perplexity"], rel=0.01)
+        assert served.perplexity == pytest.approx(metrics.perplexity.perplexity, rel=0.01)
         # ...and it talks sense. A 4-bit 135M model gets 2-4 of these right from run to run (AWQ once
         # answered France in French, and gave a week 31 days); a broken checkpoint gets none.
         answers = {q: client.chat(endpoint.url, endpoint.served_name, q, max_tokens=24).text for q in FACTS}
         right = [q for q, expected in FACTS.items() if re.search(expected, answers[q], re.IGNORECASE)]
         assert len(right) >= 2 and all(len(a.split()) >= 3 for a in answers.values()), answers
-        if kv_fp8:
-            assert json.loads(endpoint.engine_args)["kv-cache-dtype"] == "fp8"
+        assert endpoint.engine == manifest.engine.settings
 
 
+@pytest.mark.engine
 def test_calibration_is_recorded(quantized) -> None:
-    scheme, job, _, _ = quantized
-    q = artifact.verify(job.artifact).metrics["quantization"]
-    if scheme == "fp8-block+kv-fp8":
-        assert "calibration" not in q  # data-free
-        assert q["block_size"] == [64, 128] and "does not divide" in q["fit_note"]
+    scheme, job, _, _, refused = quantized
+    if refused is not None or scheme == "kv-fp8":
         return
-    cal, asked = q["calibration"], (AWQ().calibration if scheme == "awq" else SmoothQuant().calibration)
-    assert cal["dataset"] == "builtin" and cal["samples_requested"] == asked.samples and 0 < cal["samples"] <= asked.samples
-    assert cal["sequence_length"] == asked.sequence_length and cal["tokens"] == cal["samples"] * asked.sequence_length
-    assert len(cal["sha256"]) == 64
+    q = artifact.verify(job.artifact).metrics.quantization
+    if scheme == "fp8-block":
+        assert q.calibration is None  # data-free
+        assert q.block_size == (64, 128) and "does not divide" in q.fit_note
+        return
+    cal, asked = q.calibration, (AWQ().calibration if scheme == "awq" else SmoothQuant().calibration)
+    assert cal.dataset == "builtin" and cal.samples_requested == asked.samples and 0 < cal.samples <= asked.samples
+    assert cal.sequence_length == asked.sequence_length and cal.tokens == cal.samples * asked.sequence_length
+    assert len(cal.sha256) == 64
     if scheme == "awq":
-        assert q["group_size"] == 64 and "using 64" in q["fit_note"]  # 128 does not divide SmolLM2's 576
+        assert q.group_size == 64 and "using 64" in q.fit_note  # 128 does not divide SmolLM2's 576
 
 
 def test_users_calibration_dataset(smol: sources.Model, tmp_path: Path) -> None:
@@ -114,22 +129,25 @@ def test_users_calibration_dataset(smol: sources.Model, tmp_path: Path) -> None:
     ]) + "\n")
     tokenizer = AutoTokenizer.from_pretrained(smol.path)
     built = calibration.build(Calibration(dataset=str(data), samples=4, sequence_length=16), tokenizer)
-    assert built.description["dataset"] == str(data) and len(built.windows) == built.description["samples"] >= 1
+    assert built.description.dataset == str(data) and len(built.windows) == built.description.samples >= 1
     assert all(len(w) == 16 for w in built.windows)
     data.write_text('{"text": "fine"}\n{"txt": "a typo"}\n')
-    with pytest.raises(LlmoptError, match=r"calib.jsonl:2: not a JSON object"):
+    with pytest.raises(LlmoptError, match=r"calib.jsonl:2: no \"messages\", \"prompt\" or \"text\""):
         calibration.build(Calibration(dataset=str(data)), tokenizer)
 
 
 # -- guard rails ---------------------------------------------------------------------------------
 
 
+@pytest.mark.engine
 def test_over_the_quality_budget_fails_with_the_numbers(baseline: llmopt.Job, smol: sources.Model) -> None:
-    job = llmopt.optimize(smol.id, Recipe(quantization=FP8(max_perplexity_increase=0.0)), name="q-over-budget")
+    # INT8 with round-to-nearest weights costs some perplexity on every processor; a budget of 0 refuses any
+    quick = SmoothQuant(weights="rtn", max_perplexity_increase=0.0, calibration=Calibration(samples=8, sequence_length=128))
+    job = llmopt.optimize(smol.id, Recipe(quantization=quick), name="q-over-budget")
     record = job.record
     assert record.status == store.FAILED and not Path(record.output_dir).exists()
     assert "quality budget exceeded: perplexity rose" in record.failure_reason
-    assert "max_perplexity_increase 0 for fp8" in record.failure_reason
+    assert "max_perplexity_increase 0 for smoothquant" in record.failure_reason
     assert "quality budget exceeded" in Path(record.log_path).read_text()
     assert_one_line_error(run_cli("jobs", "wait", "q-over-budget"), "ended FAILED")
 
@@ -138,8 +156,7 @@ def test_not_enough_memory_is_refused_before_starting(smol: sources.Model) -> No
     huge = AWQ(calibration=Calibration(samples=4096, sequence_length=32768))
     with pytest.raises(LlmoptError, match=r"quantization.awq needs about [\d.]+ GiB with 4096 calibration samples"):
         llmopt.optimize(smol.id, Recipe(quantization=huge), name="q-too-big")
-    record = store.get("q-too-big")
-    assert record.status == store.FAILED and record.pid is None  # refused before any worker started
+    assert store.load("q-too-big") is None  # refused before anything was recorded or started
 
 
 def _tiny_model(folder: Path, config: dict) -> Path:
@@ -160,7 +177,9 @@ def test_layer_shapes_no_group_fits_are_refused(tmp_path: Path) -> None:
     sources.import_model(str(odd), name="tiny-odd-widths")
     assert_one_line_error(run_cli("optimize", "--model", "tiny-odd-widths", "--quantize", "awq"),
                           "no group size from 16 to 128 divides the layer widths [72, 200]")
-    assert_one_line_error(run_cli("optimize", "--model", "tiny-odd-widths", "--quantize", "fp8"), "fp8 block: no block size")
+    config = json.loads((odd / "config.json").read_text())
+    with pytest.raises(LlmoptError, match="fp8 block: no block size"):  # where the matrix lets FP8 block run at all
+        schemes.fit(FP8(scheme="block"), config)
 
 
 def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
@@ -191,8 +210,16 @@ def test_quantizing_a_quantized_model_is_refused(smol: sources.Model, tmp_path: 
                           "is already quantized (compressed-tensors)", "quantize the model it was made from")
 
 
+def test_fp8_block_without_amx_is_refused_with_the_alternative(smol: sources.Model) -> None:
+    cpu = platform.detect().model_copy(update={"device": "cpu", "cpu_flags": ("avx512f", "avx512_vnni", "avx512_bf16")})
+    verdict = techniques.check(Recipe(quantization=FP8(scheme="block")), smol, cpu)
+    assert any("need AMX tiles" in r and "instead: use quantization smoothquant" in r for r in verdict.refusals), verdict.refusals
+    amx = cpu.model_copy(update={"cpu_flags": ("avx512f", "amx_bf16", "amx_int8", "amx_tile")})
+    assert not techniques.check(Recipe(quantization=FP8(scheme="block")), smol, amx).refusals
+
+
 def test_fp8_dynamic_on_cpu_warns_with_the_numbers(smol: sources.Model) -> None:
-    verdict = compatibility.check(Recipe(quantization=FP8(scheme="dynamic")), smol, platform.detect())
+    verdict = techniques.check(Recipe(quantization=FP8(scheme="dynamic")), smol, platform.detect())
     assert not verdict.refusals
     assert any("7.2 against 32.8 tokens/s" in w and "use fp8 scheme block" in w for w in verdict.warnings), verdict.warnings
 
@@ -210,19 +237,17 @@ def test_group_size_fits_the_layer_widths(config: dict, requested: int, expected
 def test_awq_ignore_that_empties_a_balance_group_is_refused(smol: sources.Model) -> None:
     """llm-compressor's AWQ crashes after minutes of calibration on such a recipe; llmopt refuses it first."""
     recipe = Recipe(quantization=AWQ(ignore=["lm_head", "re:.*down_proj"]))
-    verdict = compatibility.check(recipe, smol, platform.detect())
+    verdict = techniques.check(recipe, smol, platform.detect())
     assert any("mlp.down_proj of layer 0 all unquantized" in r for r in verdict.refusals), verdict.refusals
-    assert not compatibility.check(Recipe(quantization=AWQ(ignore=["lm_head", "re:.*q_proj"])), smol, platform.detect()).refusals
+    assert not techniques.check(Recipe(quantization=AWQ(ignore=["lm_head", "re:.*q_proj"])), smol, platform.detect()).refusals
 
 
 def test_calibration_text_is_part_of_the_artifact_key(smol: sources.Model, tmp_path: Path) -> None:
     """The same recipe over changed calibration text is another artifact, never a reused one."""
-    from llmopt.jobs import runner
-
     data = tmp_path / "calib.jsonl"
     data.write_text('{"text": "one"}\n')
     recipe = Recipe(quantization=SmoothQuant(calibration=Calibration(dataset=str(data))))
-    before = runner._key_extras(recipe, smol)
+    before = techniques.key_extras(recipe, smol)
     data.write_text('{"text": "two"}\n')
-    assert runner._key_extras(recipe, smol)["calibration"] != before["calibration"]
-    assert runner._key_extras(Recipe(quantization=AWQ()), smol)["calibration"] == calibration.fingerprint(Calibration())
+    assert techniques.key_extras(recipe, smol)["quantization.calibration"] != before["quantization.calibration"]
+    assert techniques.key_extras(Recipe(quantization=AWQ()), smol)["quantization.calibration"] == calibration.fingerprint(Calibration())

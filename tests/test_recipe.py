@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from llmopt import compatibility, recipe
+from llmopt import AWQ, FP8, ChunkedPrefill, Compilation, DraftModel, KVCache, NGram, Recipe, Sharding, SmoothQuant, SpeculationSweep
+from llmopt import compatibility, recipe, techniques
 from llmopt.engine.platform import Hardware
 from llmopt.errors import LlmoptError
-from llmopt.recipe import AWQ, FP8, Compilation, DraftModel, KVCache, NGram, Recipe, Sharding, SmoothQuant, SpeculationSweep
 
 CPU = Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=(), gpu=None, gpu_count=0)
 
@@ -19,6 +19,7 @@ FULL = Recipe(
     speculative=DraftModel("qwen2.5-coder-0.5b-instruct", num_speculative_tokens=4),
     compilation=Compilation(max_num_seqs=8),
     sharding=Sharding(tensor_parallel_size=1),
+    chunked_prefill=ChunkedPrefill(max_num_batched_tokens=256),
 )
 
 
@@ -35,14 +36,14 @@ def test_builtins_parse_and_name_their_techniques() -> None:
     assert recipe.load("baseline").techniques() == []
     assert recipe.load("ngram").techniques() == ["speculative.ngram"]
     assert recipe.load("fp8-block").techniques() == ["quantization.fp8.block"]
-    assert FULL.techniques() == ["quantization.awq", "kv_cache.fp8", "speculative.draft_model", "compilation"]
+    assert FULL.techniques() == ["quantization.awq", "kv_cache.fp8", "speculative.draft_model", "compilation", "chunked_prefill"]
 
 
 def test_unknown_key_lists_valid_keys() -> None:
     with pytest.raises(LlmoptError) as info:
         recipe.parse({"quantization": {"method": "awq", "groupsize": 64}})
     assert "unknown key 'groupsize'" in str(info.value) and "group_size" in str(info.value)
-    with pytest.raises(LlmoptError, match="valid keys: compilation, kv_cache, name, quantization, sharding, speculative"):
+    with pytest.raises(LlmoptError, match="valid keys: chunked_prefill, compilation, kv_cache, name, quantization, sharding, speculative"):
         recipe.parse({"quantisation": {}})
     with pytest.raises(LlmoptError, match="unknown key 'bits' in speculative.draft_model.quantization.smoothquant; valid keys: alpha"):
         recipe.parse({"speculative": {"method": "draft_model", "quantization": {"method": "smoothquant", "bits": 8}}})
@@ -64,6 +65,8 @@ def test_contradictions_are_refused() -> None:
         recipe.parse({"speculative": {"method": "ngram", "sweep": {"concurrency": [4, 1]}}})
     with pytest.raises(LlmoptError, match="disable_above_batch must be positive"):
         recipe.parse({"speculative": {"method": "ngram", "disable_above_batch": 0}})
+    with pytest.raises(LlmoptError, match=r"max_num_batched_tokens \(32\) is smaller than max_num_seqs \(64\)"):
+        recipe.parse({"compilation": {"max_num_seqs": 64}, "chunked_prefill": {"max_num_batched_tokens": 32}})
 
 
 def test_flags_replace_sections_and_drop_the_name(tmp_path: Path) -> None:
@@ -83,13 +86,33 @@ def test_bad_recipe_file_is_one_clear_error(tmp_path: Path) -> None:
         recipe.load(str(bad))
     with pytest.raises(LlmoptError, match="no recipe file or built-in recipe named 'nope'"):
         recipe.load("nope")
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("name: caf\xe9".encode("latin-1"))
+    with pytest.raises(LlmoptError, match="not UTF-8"):
+        recipe.load(str(latin1))
 
 
 def test_matrix_file_is_complete() -> None:
     """Every technique a recipe can name has a row, so nothing falls through unchecked."""
-    techniques = {row["technique"] for row in compatibility.matrix()}
+    named = {row.technique for row in compatibility.matrix()}
     every = set(FULL.techniques()) | {"quantization.smoothquant", "quantization.fp8.block", "quantization.fp8.dynamic",
                                       "kv_cache.fp8_e5m2", "speculative.ngram", "sharding.tensor_parallel"}
-    assert every <= techniques
-    assert all(row["status"] in ("supported", "slow", "refused", "unavailable") for row in compatibility.matrix())
-    assert all(row.get("check") in (None, *compatibility.CHECKS) for row in compatibility.matrix())
+    assert every <= named
+    assert all(row.status in ("supported", "slow", "refused", "unavailable") for row in compatibility.matrix())
+
+
+def test_a_recipe_has_a_section_per_registered_technique() -> None:
+    assert set(Recipe.model_fields) == {"name", *(t.section for t in techniques.REGISTRY)}
+    engine = techniques.engine(FULL)
+    assert engine.kv_cache_dtype == "fp8" and engine.max_num_seqs == 8 and engine.max_num_batched_tokens == 256
+    assert engine.speculative is not None and engine.speculative.model == "./draft" and engine.speculative.num_speculative_tokens == 4
+
+
+@pytest.mark.parametrize("amx, status", [(("amx_int8", "amx_bf16", "amx_tile"), "supported"), ((), "slow")])
+def test_matrix_rows_follow_the_processor(amx: tuple, status: str) -> None:
+    """AWQ pays on a processor with AMX and is marked slow on one without (measured on an AMD EPYC)."""
+    cpu = CPU.model_copy(update={"cpu_flags": ("avx512f", *amx)})
+    verdict = compatibility.Verdict()
+    row = compatibility.apply("quantization.awq", "LlamaForCausalLM", cpu, verdict)
+    assert row is not None and row.status == status
+    assert bool(verdict.warnings) == (status == "slow")

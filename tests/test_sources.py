@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmopt import db, gguf, hashing, sources
+from llmopt import gguf, hashing, sources
 from llmopt.errors import LlmoptError
 
 from conftest import assert_one_line_error, run_cli
@@ -31,6 +31,7 @@ def test_default_model_imports_from_gguf_with_hash(smol: sources.Model) -> None:
     assert smol.source == "catalog:smollm2-135m-instruct"
 
 
+@pytest.mark.engine
 def test_greedy_completion_matches_transformers(smol: sources.Model, endpoint) -> None:
     """vLLM serving the converted folder and transformers on the same weights agree greedily."""
     import torch
@@ -72,8 +73,7 @@ def test_folder_that_is_not_a_model_is_refused(tmp_path: Path, home: Path) -> No
     (tmp_path / "config.json").write_text("{}")
     assert_one_line_error(run_cli("models", "import", str(tmp_path)), "no .safetensors")
     assert _store_is_clean(home)
-    with db.connect() as conn:
-        assert conn.execute("SELECT count(*) FROM models WHERE path LIKE ?", (f"%{tmp_path.name}%",)).fetchone()[0] == 0
+    assert not [m for m in sources.list_models() if tmp_path.name in m.path]
 
 
 def test_truncated_safetensors_is_refused(smol: sources.Model, tmp_path: Path, home: Path) -> None:

@@ -12,11 +12,13 @@ import pytest
 from transformers import AutoTokenizer
 
 import llmopt
+from llmopt import Calibration, DraftModel, NGram, Recipe, SmoothQuant, SpeculationSweep
 from llmopt import artifact, corpus, endpoints
+from llmopt.engine import vllm
+from llmopt.engine.config import BatchTokens, SpeculativeConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
 from llmopt.jobs import store
-from llmopt.recipe import Calibration, DraftModel, NGram, Recipe, SmoothQuant, SpeculationSweep
 from llmopt.techniques import speculative
 
 from conftest import SMALL_ENGINE
@@ -39,63 +41,81 @@ def ngram_job(smol, tmp_path_factory: pytest.TempPathFactory) -> llmopt.Job:
     return job
 
 
+@pytest.mark.engine
 def test_ngram_sweep_switches_speculation_off_where_it_stops_paying(ngram_job: llmopt.Job) -> None:
     manifest = artifact.load(ngram_job.artifact)
-    assert [s["name"] for s in manifest.steps] == ["weights", "speculative", "speculation-sweep", "measure"]
-    sweep = manifest.metrics["speculation_sweep"]
-    low, high = sweep["levels"]
-    assert (low["concurrency"], high["concurrency"]) == (1, 8)
+    assert [s.name for s in manifest.steps] == ["weights", "speculative", "speculation-sweep", "measure"]
+    sweep = manifest.metrics.speculative.sweep
+    low, high = sweep.levels
+    assert (low.concurrency, high.concurrency) == (1, 8)
     for row in (low, high):
-        assert row["speedup"] == pytest.approx(row["output_tokens_per_s"] / row["output_tokens_per_s_without"], abs=2e-3)
-    assert low["speedup"] >= 1.0 and low["acceptance_rate"] > 0 and low["mean_accepted_length"] > 1
-    config, k = manifest.engine["args"]["speculative-config"], NGram().num_speculative_tokens
-    assert config["method"] == "ngram" and config["num_speculative_tokens"] == k
-    if high["speedup"] < 1.0:  # switched off above the last level that paid
-        assert sweep["disable_above_batch"] == 1 and sweep["first_level_below_1x"] == 8
-        assert config["num_speculative_tokens_per_batch_size"] == speculative.schedule(k, 1) == [[1, 1, k], [2, 65536, 0]]
+        assert row.speedup == pytest.approx(row.output_tokens_per_s / row.output_tokens_per_s_without, abs=2e-3)
+    assert low.speedup >= 1.0 and low.acceptance_rate > 0 and low.mean_accepted_length > 1
+    config, k = manifest.engine.settings.speculative, NGram().num_speculative_tokens
+    assert config.method == "ngram" and config.num_speculative_tokens == k
+    if high.speedup < 1.0:  # switched off above the last level that paid
+        assert sweep.disable_above_batch == 1 and sweep.first_level_below_1x == 8
+        assert config.disabled_above_batch == 1
+        assert vllm.speculative_config(manifest.engine.settings)["num_speculative_tokens_per_batch_size"] == [[1, 1, k], [2, 65536, 0]]
     else:
-        assert "disable_above_batch" not in sweep and "num_speculative_tokens_per_batch_size" not in config
+        assert sweep.disable_above_batch is None and config.schedule is None
+
+
+def _row(concurrency: int, speedup: float) -> speculative.SweepRow:
+    return speculative.SweepRow(concurrency=concurrency, output_tokens_per_s=speedup, output_tokens_per_s_without=1.0,
+                                speedup=speedup, acceptance_rate=0.4, mean_accepted_length=1.5)
 
 
 def test_speculation_off_when_it_does_not_pay() -> None:
-    rows = [{"concurrency": c, "speedup": x, "acceptance_rate": 0.4} for c, x in [(1, 1.3), (2, 1.1), (4, 0.9), (8, 1.05)]]
+    rows = [_row(c, x) for c, x in [(1, 1.3), (2, 1.1), (4, 0.9), (8, 1.05)]]
     assert speculative.switch_off_above(rows, "w") == 2  # the first loss decides, whatever follows
     assert speculative.switch_off_above(rows[:2], "w") is None
     with pytest.raises(LlmoptError, match=r"does not pay here: c1 0.95x, c2 1.10x .* on w \(acceptance 0.40\)"):
-        speculative.switch_off_above([{**rows[0], "speedup": 0.95}, rows[1]], "w")
+        speculative.switch_off_above([_row(1, 0.95), rows[1]], "w")
 
 
+@pytest.mark.engine
 def test_ngram_artifact_is_verified_and_lossless(ngram_job: llmopt.Job, baseline: llmopt.Job, endpoint) -> None:
     manifest = artifact.load(ngram_job.artifact)
-    spec = manifest.metrics["speculative"]
-    assert spec["drafts"] > 0 and 0 < spec["acceptance_rate"] <= 1 and spec["mean_accepted_length"] > 1
+    spec = manifest.metrics.verified.speculative
+    assert spec.drafts > 0 and 0 < spec.acceptance_rate <= 1 and spec.mean_accepted_length > 1
     # temperature 0, batch 1, same engine: speculation must not change the outputs, except where
     # the base model itself saw a bf16 tie between the two tokens (checked with the base's logprobs)
-    base = artifact.load(baseline.artifact).metrics["greedy_tokens"]
-    spec_tokens = manifest.metrics["greedy_tokens"]
+    _assert_lossless(manifest, baseline, endpoint)
+
+
+def _assert_lossless(manifest: artifact.Manifest, baseline: llmopt.Job, endpoint) -> None:
+    """Temperature 0, batch 1: speculation must not change the outputs, except where the base model
+    itself saw a bf16 tie between the two tokens (checked with the base's logprobs). Verifying
+    several tokens in one step is another batch shape, and ties break either way there; a single
+    flip early in an answer changes every token after it, so agreement alone says little."""
+    base = artifact.load(baseline.artifact).metrics.greedy_tokens
+    spec_tokens = manifest.metrics.greedy_tokens
     agreement = quality.agreement(base, spec_tokens)
-    assert manifest.metrics["greedy_agreement"] == agreement  # the job reports it against the source's outputs
+    assert manifest.metrics.greedy_agreement == agreement  # the job reports it against the source's outputs
     parted = quality.divergences(endpoint.url, endpoint.served_name, AutoTokenizer.from_pretrained(endpoint.model_path),
                                  base, spec_tokens)
     assert all(d["tie"] for d in parted), (agreement, parted)
-    assert agreement["identical_outputs"] >= 0.5, (agreement, parted)
+    assert agreement.identical_outputs >= 0.5, (agreement, parted)
 
 
+@pytest.mark.engine
 def test_ngram_deploy_reports_acceptance_per_concurrency(ngram_job: llmopt.Job) -> None:
     with ngram_job.deploy(name="ngram-ep") as endpoint:
-        verified = json.loads(endpoints.get("ngram-ep").verification)["speculative"]
+        verified = llmopt.get_endpoint("ngram-ep").verified["speculative"]
         assert verified["drafts"] > 0 and verified["accepted_tokens"] > 0
         results = llmopt.evaluate(endpoint=endpoint.name, dataset="builtin-qa", concurrency=[1, 4], requests=8, quality=False)
-    low, high = results["targets"][0]["levels"]
-    assert low["speculative"]["acceptance_rate"] > 0 and low["speculative"]["mean_accepted_length"] > 1
-    per_token = lambda lvl: (lvl["speculative"] or {"drafts": 0})["drafts"] / lvl["server_counted_tokens"]["output"]  # noqa: E731
-    if artifact.load(ngram_job.artifact).metrics["speculation_sweep"].get("disable_above_batch") == 1:
+    low, high = results.targets[0].levels
+    assert low.speculative.acceptance_rate > 0 and low.speculative.mean_accepted_length > 1
+    per_token = lambda lvl: (lvl.speculative.drafts if lvl.speculative else 0) / lvl.server_counted_tokens.output  # noqa: E731
+    if artifact.load(ngram_job.artifact).metrics.speculative.sweep.disable_above_batch == 1:
         # batched, the schedule proposes nothing: only the requests that ran alone got drafts
         assert per_token(high) < per_token(low), (per_token(low), per_token(high))
     else:
-        assert high["speculative"]["acceptance_rate"] > 0
+        assert high.speculative.acceptance_rate > 0
 
 
+@pytest.mark.engine
 def test_draft_model_job_with_the_target_as_its_own_draft(smol) -> None:
     # the target drafting for itself never pays, so the recipe speculates at every batch size
     recipe = Recipe(speculative=DraftModel(smol.id, num_speculative_tokens=3, disable_above_batch="never"))
@@ -104,16 +124,18 @@ def test_draft_model_job_with_the_target_as_its_own_draft(smol) -> None:
     job.wait()
     assert job.status == store.COMPLETED, job.record.failure_reason
     manifest = artifact.verify(job.artifact)
-    assert manifest.references["draft"] == {"model": smol.id, "content_hash": smol.content_hash, "path": "draft"}
+    assert manifest.references["draft"].model_dump() == {"model": smol.id, "content_hash": smol.content_hash, "path": "draft",
+                                                         "quantization": None}
     assert (job.artifact / "draft" / "model.safetensors").exists()
-    config = manifest.engine["args"]["speculative-config"]
-    assert config == {"method": "draft_model", "model": "./draft", "num_speculative_tokens": 3}
-    assert manifest.serving_spec().engine_args["speculative-config"]["model"] == str(job.artifact / "draft")
+    config = manifest.engine.settings.speculative
+    assert vllm.speculative_config(manifest.engine.settings) == {"method": "draft_model", "model": "./draft", "num_speculative_tokens": 3}
+    assert manifest.located_engine(job.artifact).speculative.model == str(job.artifact / "draft")
     # a draft identical to the target is accepted almost always
-    assert manifest.metrics["speculative"]["acceptance_rate"] > 0.9
+    assert manifest.metrics.verified.speculative.acceptance_rate > 0.9 and config.schedule is None
 
 
-def test_draft_model_job_with_a_quantized_draft(smol) -> None:
+@pytest.mark.engine
+def test_draft_model_job_with_a_quantized_draft(smol, baseline: llmopt.Job, endpoint) -> None:
     """The draft goes into the artifact as an INT8 checkpoint; the bf16 target verifies its drafts,
     so it is still accepted most of the time and the outputs stay the target's own."""
     quick = SmoothQuant(calibration=Calibration(samples=16, sequence_length=256))
@@ -121,24 +143,25 @@ def test_draft_model_job_with_a_quantized_draft(smol) -> None:
     job = llmopt.optimize(smol.id, recipe, name="int8-draft-job")
     assert job.status == store.COMPLETED, job.record.failure_reason
     manifest = artifact.verify(job.artifact)
-    assert manifest.references["draft"] == {"model": smol.id, "content_hash": smol.content_hash, "path": "draft",
-                                            "quantization": "smoothquant"}
+    assert manifest.references["draft"].model_dump() == {"model": smol.id, "content_hash": smol.content_hash, "path": "draft",
+                                                         "quantization": "smoothquant"}
     draft_config = json.loads((job.artifact / "draft" / "config.json").read_text())
     assert draft_config["quantization_config"]["quant_method"] == "compressed-tensors"
     assert "quantization_config" not in json.loads((job.artifact / "config.json").read_text())
-    assert manifest.metrics["draft_quantization"]["calibration"]["samples_requested"] == 16
-    assert manifest.metrics["draft_quantization"]["size_bytes"] < smol.size_bytes
-    spec = manifest.metrics["speculative"]
-    assert spec["drafts"] > 0 and spec["acceptance_rate"] > 0.5
-    assert manifest.metrics["greedy_agreement"]["token_agreement"] >= 0.9
+    drafted = manifest.metrics.speculative.draft_quantization
+    assert drafted.calibration.samples_requested == 16 and drafted.size_bytes < smol.size_bytes
+    spec = manifest.metrics.verified.speculative
+    assert spec.drafts > 0 and spec.acceptance_rate > 0.5
+    _assert_lossless(manifest, baseline, endpoint)
 
 
+@pytest.mark.engine
 def test_speculation_configured_but_not_running_is_an_error(smol) -> None:
     """A schedule that proposes no drafts at batch 1: the deploy fails instead of serving silently."""
-    config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
-              "num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 64, 4]]}
-    engine = SMALL_ENGINE.model_copy(update={"speculative_config": config})
+    config = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4,
+                               schedule=(BatchTokens(first=1, last=1, tokens=0), BatchTokens(first=2, last=64, tokens=4)))
+    engine = SMALL_ENGINE.model_copy(update={"speculative": config})
     with pytest.raises(LlmoptError, match="proposed no drafts"):
         llmopt.deploy(smol.id, name="spec-off", engine=engine)
-    record = endpoints.get("spec-off")
+    record = llmopt.get_endpoint("spec-off")
     assert record.status == endpoints.FAILED and "proposed no drafts" in record.failure_reason

@@ -3,6 +3,13 @@
 An artifact is built in a hidden temporary folder and renamed into place only when it is whole,
 with its manifest written last, so a folder with a manifest is always complete. Once complete,
 its files are made read-only and llmopt never writes into it again.
+
+The manifest is data, typed (its JSON schema is published in `schemas/`): the engine settings it
+holds are `EngineConfig`'s, so it can ask for nothing llmopt would not set itself, and what is
+specific to a machine (library paths, thread counts) is worked out where it is served.
+Versioning rule: `schema_version` is an integer that changes whenever a field is removed or
+changes meaning. A manifest of another version is refused with both versions named; within a
+version, an unknown key is refused with the key named.
 """
 
 from __future__ import annotations
@@ -11,53 +18,91 @@ import json
 import os
 import stat
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmopt import hashing
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from llmopt import hashing, techniques
+from llmopt.engine import vllm
+from llmopt.engine.config import EngineConfig
+from llmopt.engine.platform import Hardware
 from llmopt.errors import LlmoptError
+from llmopt.recipe import Recipe
+from llmopt.techniques.base import Reference
+from llmopt.techniques.measure import Measurements
 
 MANIFEST = "llmopt.json"
-SCHEMA_VERSION = 1
-RELATIVE_PREFIX = "./"  # engine-argument paths inside the artifact are stored relative to its root
+SCHEMA_VERSION = 2
+MAX_MANIFEST_BYTES = 16 << 20
 
 
-@dataclass
-class Manifest:
+class _Data(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceRecord(_Data):
+    model: str
+    origin: str
+    content_hash: str
+
+
+class EngineRecord(_Data):
+    name: str
+    version: str
+    served_name: str
+    settings: EngineConfig
+
+
+class HardwareRecord(Hardware):
+    torch: str
+
+
+class StepTiming(_Data):
+    name: str
+    seconds: float
+
+
+Verified = create_model(  # what each technique proved on the measuring engine
+    "Verified",
+    __config__=ConfigDict(extra="forbid"),
+    **{t.section: (t.verification | None, None) for t in techniques.REGISTRY if t.verification is not None},
+)
+
+
+class _Metrics(Measurements):
+    model_config = ConfigDict(extra="forbid")
+
+    verified: Verified = Field(default_factory=Verified)  # type: ignore[valid-type]
+    size_bytes: int
+    source_size_bytes: int
+    peak_rss_bytes: int
+
+
+ArtifactMetrics = create_model(  # the measure step's findings, and each technique's own record
+    "ArtifactMetrics",
+    __base__=_Metrics,
+    **{t.section: (t.metrics | None, None) for t in techniques.REGISTRY if t.metrics is not None},
+)
+
+
+class Manifest(_Data):
+    schema_version: int = SCHEMA_VERSION
     name: str
     key: str
-    source: dict[str, Any]
-    recipe: dict[str, Any]
-    engine: dict[str, Any]  # name, version, args (vLLM flags), env
-    hardware: dict[str, Any]
-    content_hash: str
-    created_at: float
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    references: dict[str, Any] = field(default_factory=dict)
-    schema_version: int = SCHEMA_VERSION
-    root: Path | None = None  # where it was loaded from; not serialized
+    source: SourceRecord
+    recipe: Recipe
+    engine: EngineRecord
+    hardware: HardwareRecord
+    content_hash: str = ""
+    created_at: float = 0.0
+    steps: list[StepTiming] = Field(default_factory=list)
+    metrics: ArtifactMetrics
+    references: dict[str, Reference] = Field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "root"}
-        return data
-
-    def engine_args(self) -> dict[str, object]:
-        """The manifest's flags with paths inside the artifact made absolute for this location."""
-        assert self.root is not None
-        return {k: absolute(v, self.root) for k, v in self.engine["args"].items()}
-
-    def serving_spec(self):
-        from llmopt.serving import ServingSpec
-
-        assert self.root is not None
-        return ServingSpec(
-            model_path=str(self.root),
-            model_label=self.name,
-            engine_args=self.engine_args(),
-            env=dict(self.engine["env"]),
-        )
+    def located_engine(self, root: Path) -> EngineConfig:
+        """The settings with the artifact's own paths resolved against where it lies."""
+        return vllm.located(self.engine.settings, root)
 
 
 def is_artifact(path: Path) -> bool:
@@ -65,19 +110,31 @@ def is_artifact(path: Path) -> bool:
 
 
 def load(path: Path) -> Manifest:
+    """The manifest of an artifact folder, checked against this llmopt's schema."""
     manifest_file = path / MANIFEST
     try:
-        data = json.loads(manifest_file.read_text())
+        if manifest_file.stat().st_size > MAX_MANIFEST_BYTES:
+            raise LlmoptError(f"'{manifest_file}' is larger than a manifest can be", "rebuild the artifact")
+        data = json.loads(manifest_file.read_bytes().decode("utf-8"))
     except FileNotFoundError as exc:
         raise LlmoptError(f"'{path}' is not an llmopt artifact (no {MANIFEST})", "pass an artifact folder") from exc
-    except json.JSONDecodeError as exc:
-        raise LlmoptError(f"'{manifest_file}' is corrupt ({exc})", "rebuild the artifact with `llmopt optimize --force`") from exc
-    if data.get("schema_version") != SCHEMA_VERSION:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise LlmoptError(f"'{manifest_file}' is corrupt ({type(exc).__name__})", "rebuild the artifact with `llmopt optimize --force`") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version != SCHEMA_VERSION:
+        newer = isinstance(version, int) and version > SCHEMA_VERSION
         raise LlmoptError(
-            f"'{manifest_file}' has schema version {data.get('schema_version')}, this llmopt reads {SCHEMA_VERSION}",
-            "rebuild the artifact with this version of llmopt",
+            f"'{manifest_file}' has schema version {version}, this llmopt reads {SCHEMA_VERSION}",
+            "upgrade llmopt to read it" if newer else "rebuild the artifact with this version of llmopt",
         )
-    return Manifest(**data, root=path.resolve())
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        what = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        raise LlmoptError(f"'{manifest_file}' is not a valid manifest: {where}: {what}",
+                          "use the manifest llmopt wrote; rebuild the artifact with `llmopt optimize --force`") from None
 
 
 def finalize(workdir: Path, final: Path, manifest: Manifest) -> Path:
@@ -85,20 +142,20 @@ def finalize(workdir: Path, final: Path, manifest: Manifest) -> Path:
     manifest.content_hash = hashing.folder_sha256(workdir, exclude=frozenset({MANIFEST}))
     manifest.created_at = time.time()
     tmp_manifest = workdir / (MANIFEST + ".tmp")
-    tmp_manifest.write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
+    tmp_manifest.write_text(manifest.model_dump_json(indent=2))
     tmp_manifest.rename(workdir / MANIFEST)
     if final.exists():
         raise LlmoptError(f"artifact folder '{final}' already exists", "pass another --output or --name")
     workdir.rename(final)
     _freeze(final)
-    manifest.root = final
     return final
 
 
 def verify(path: Path) -> Manifest:
-    """Check the files still hash to what the manifest recorded."""
+    """The manifest, once the files are checked to hash to what it recorded (a file unchanged
+    since it was last hashed is not read again)."""
     manifest = load(path)
-    actual = hashing.folder_sha256(path, exclude=frozenset({MANIFEST}))
+    actual = hashing.folder_sha256(path, exclude=frozenset({MANIFEST}), remember=True)
     if actual != manifest.content_hash:
         raise LlmoptError(
             f"artifact '{path}' was modified after it was built (hash {actual[:12]} != {manifest.content_hash[:12]})",
@@ -107,23 +164,13 @@ def verify(path: Path) -> Manifest:
     return manifest
 
 
-def relative(path: Path, root: Path) -> str:
-    """How an engine argument names a file inside the artifact."""
-    return RELATIVE_PREFIX + path.relative_to(root).as_posix()
-
-
-def absolute(value: object, root: Path) -> object:
-    """An engine argument with artifact-relative paths resolved against `root`."""
-    if isinstance(value, str) and value.startswith(RELATIVE_PREFIX):
-        return str(root / value[len(RELATIVE_PREFIX):])
-    if isinstance(value, dict):
-        return {k: absolute(v, root) for k, v in value.items()}
-    return value
+def schema() -> dict[str, Any]:
+    return Manifest.model_json_schema()
 
 
 def _freeze(root: Path) -> None:
-    read_only = ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    """Files readable by their owner alone and by nobody writable; folders the owner's alone."""
     for dirpath, _dirs, files in os.walk(root):
+        Path(dirpath).chmod(stat.S_IRWXU)
         for name in files:
-            p = Path(dirpath) / name
-            p.chmod(p.stat().st_mode & read_only)
+            (Path(dirpath) / name).chmod(stat.S_IRUSR)

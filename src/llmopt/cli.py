@@ -1,26 +1,31 @@
-"""The `llmopt` command: typer commands over the SDK, nothing more."""
+"""The `llmopt` command: typer commands over the SDK, with presentation. Nothing else.
+
+Every `list` and `describe` command takes `--json`, for scripts (a terminal table folds long names
+when it is not on a terminal).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
+import click
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from llmopt import catalog, compatibility, endpoints, paths, sdk, sources
-from llmopt import recipe as recipes
-from llmopt.jobs import runner, store
-from llmopt.engine import compile_cache
-from llmopt.engine.config import EngineConfig
-from llmopt.errors import LlmoptError
+from llmopt import sdk
+from llmopt.presentation import terminal
+from llmopt.presentation.format import megabytes, when
+from llmopt.presentation.report import REPORT_FILE, RESULTS_FILE
+from llmopt.presentation.verdict import verdict
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Optimize, evaluate and deploy LLMs on vLLM.")
 models_app = typer.Typer(no_args_is_help=True, help="The model store.")
@@ -36,14 +41,15 @@ app.add_typer(cache_app, name="cache")
 
 console = Console()
 err = Console(stderr=True)
+JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
 
 
 @app.callback()
 def _root(
-    home: Optional[Path] = typer.Option(None, "--home", envvar=paths.HOME_ENV, help="llmopt's state folder (models, records, logs)."),
+    home: Optional[Path] = typer.Option(None, "--home", envvar="LLMOPT_HOME", help="llmopt's state folder (models, records, logs)."),
 ) -> None:
     if home is not None:
-        os.environ[paths.HOME_ENV] = str(home.expanduser().resolve())
+        os.environ["LLMOPT_HOME"] = str(home.expanduser().resolve())
 
 
 @contextmanager
@@ -54,38 +60,44 @@ def _working(text: str) -> Iterator[None]:
         yield
 
 
-def _table(title: str, columns: list[str], rows: list[list[object]]) -> None:
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
-    console.print(table)
+def _json(value: Any) -> None:
+    """Records and lists of records as JSON on stdout."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, BaseModel):
+            return v.to_dict() if hasattr(v, "to_dict") else v.model_dump(mode="json")
+        return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    print(json.dumps(plain(value), indent=2))
 
 
-def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
+def _warn(warnings: list[str]) -> None:
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+
+
+def _print_lines(lines: Iterator[str]) -> None:
+    for line in lines:
+        sys.stdout.write(line)
 
 
 # -- models -------------------------------------------------------------------------------------
 
 
 @models_app.command("list")
-def models_list() -> None:
+def models_list(as_json: bool = JSON) -> None:
     """Imported models, and catalogue models not imported yet."""
-    imported = sources.list_models()
-    rows: list[list[object]] = [[m.id, m.architecture, f"{m.size_bytes / 1e6:.0f} MB", m.content_hash[:12], m.source] for m in imported]
+    imported = sdk.list_models()
+    if as_json:
+        return _json(imported)
+    rows: list[list[object]] = [[m.id, m.architecture, megabytes(m.size_bytes), m.content_hash[:12], m.source] for m in imported]
     have = {m.id for m in imported}
-    rows += [[i, catalog.get(i).architecture, "", "", "catalogue (not imported)"] for i in catalog.ids() if i not in have]
-    _table("Models", ["id", "architecture", "size", "hash", "source"], rows)
+    rows += [[c.id, c.architecture, "", "", "catalogue (not imported)"] for c in sdk.catalog_models() if c.id not in have]
+    terminal.listing(console, "Models", ["id", "architecture", "size", "hash", "source"], rows)
 
 
 @models_app.command("show")
-def models_show(model_id: str) -> None:
-    model = sources.get(model_id)
-    if model is None:
-        raise LlmoptError(f"no imported model named '{model_id}'", "see `llmopt models list`")
-    console.print_json(json.dumps(model.to_dict()))
+def models_show(model_id: str, as_json: bool = JSON) -> None:
+    _json(sdk.get_model(model_id))
 
 
 @models_app.command("import")
@@ -95,12 +107,12 @@ def models_import(
 ) -> None:
     with _working(f"importing {spec}"):
         model = sdk.import_model(spec, name=name)
-    console.print(f"imported [bold]{model.id}[/] ({model.size_bytes / 1e6:.0f} MB, sha256 {model.content_hash[:12]}) at {model.path}")
+    console.print(f"imported [bold]{model.id}[/] ({megabytes(model.size_bytes)}, sha256 {model.content_hash[:12]}) at {model.path}")
 
 
 @models_app.command("remove")
 def models_remove(model_id: str) -> None:
-    sources.remove(model_id)
+    sdk.remove_model(model_id)
     console.print(f"removed {model_id}")
 
 
@@ -112,61 +124,58 @@ def deploy(
     model: str = typer.Argument(..., help="Artifact folder, model id, catalogue id, HF folder or .gguf file."),
     name: Optional[str] = typer.Option(None, help="Endpoint name (default: generated)."),
     port: Optional[int] = typer.Option(None, help="Port (default: a free one)."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind."),
-    timeout: float = typer.Option(endpoints.DEFAULT_READY_TIMEOUT_S, help="Seconds to wait for readiness."),
+    host: str = typer.Option(sdk.DEFAULT_HOST, help="Address to bind."),
+    timeout: float = typer.Option(sdk.DEFAULT_READY_TIMEOUT_S, help="Seconds to wait for readiness."),
     max_model_len: Optional[int] = typer.Option(None, help="Longest prompt plus output (models only)."),
     kv_cache_gib: Optional[int] = typer.Option(None, help="KV cache GiB on CPU (models only)."),
+    api_key: Optional[str] = typer.Option(None, envvar="LLMOPT_API_KEY", show_envvar=True,
+                                          help="Require this key (Bearer token) on every route."),
+    insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without an API key."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Run code the model's folder ships (never from a manifest)."),
 ) -> None:
     """Start an endpoint and return once it is ready; it keeps serving after this command exits."""
     overrides = {k: v for k, v in {"max_model_len": max_model_len, "kv_cache_gib": kv_cache_gib}.items() if v is not None}
-    engine = EngineConfig(**overrides) if overrides else None
+    engine = sdk.engine_config(**overrides) if overrides else None
     with _working(f"starting vLLM for {model}"):
-        endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout)
-    console.print(f"endpoint [bold]{endpoint.name}[/] ready at {endpoint.url} in {endpoint.seconds_to_ready:.1f} s")
-    console.print(_compile_cache_line(endpoint.to_dict()["verification"]["compile_cache"]))
+        endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
+                              insecure=insecure, trust_remote_code=trust_remote_code)
+    console.print(f"endpoint [bold]{endpoint.name}[/] ready at {endpoint.url} in {endpoint.seconds_to_ready:.1f} s"
+                  + (" (every route asks for the API key)" if endpoint.api_key else ""))
+    if endpoint.start is not None:
+        console.print(_start_line(endpoint.start))
     console.print(f"stop it with: llmopt endpoints stop {endpoint.name}")
 
 
-def _compile_cache_line(cache: dict) -> str:
-    key = cache["key"][:12]
-    if cache["outcome"] == "precompiled":
-        return f"start: precompiled (compile cache {key}, no graph compiled); the cold start took {cache['cold_ready_seconds']:.1f} s"
-    return f"start: {cache['outcome']} ({cache['compiled_files_added']} compiled files added to compile cache {key}; the next start reuses them)"
+def _start_line(start: Any) -> str:
+    key = start.key[:12]
+    if start.outcome == "precompiled":
+        return f"start: precompiled (compile cache {key}, no graph compiled); the cold start took {start.cold_ready_seconds:.1f} s"
+    return f"start: {start.outcome} ({start.compiled_files_added} compiled files added to compile cache {key}; the next start reuses them)"
 
 
 @endpoints_app.command("list")
-def endpoints_list(status: Optional[str] = typer.Option(None, help="Only this status.")) -> None:
-    rows = [
-        [e.name, e.status, e.model, e.url, e.pid, _when(e.started_at), f"{e.seconds_to_ready:.1f}" if e.ready_at else ""]
-        for e in endpoints.list_endpoints(status)
-    ]
-    _table("Endpoints", ["name", "status", "model", "url", "pid", "started", "ready (s)"], rows)
+def endpoints_list(status: Optional[str] = typer.Option(None, help="Only this status."), as_json: bool = JSON) -> None:
+    found = sdk.list_endpoints(status)
+    if as_json:
+        return _json(found)
+    rows = [[e.name, e.status, e.model, e.url, e.pid, when(e.started_at), f"{e.seconds_to_ready:.1f}" if e.ready_at else ""]
+            for e in found]
+    terminal.listing(console, "Endpoints", ["name", "status", "model", "url", "pid", "started", "ready (s)"], rows)
 
 
 @endpoints_app.command("describe")
-def endpoints_describe(name: str) -> None:
-    console.print_json(json.dumps(endpoints.get(name).to_dict()))
+def endpoints_describe(name: str, as_json: bool = JSON) -> None:
+    _json(sdk.get_endpoint(name))
 
 
 @endpoints_app.command("logs")
 def endpoints_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f")) -> None:
-    _print_log(Path(endpoints.get(name).log_path), follow, lambda: endpoints.get(name).status in endpoints.LIVE)
-
-
-def _print_log(path: Path, follow: bool, alive) -> None:
-    """A log file, or with --follow its lines as they are written until the process ends."""
-    if not path.exists():
-        return
-    if not follow:
-        sys.stdout.write(path.read_text(errors="replace"))
-        return
-    for line in endpoints.follow(path, alive):
-        sys.stdout.write(line)
+    _print_lines(sdk.endpoint_logs(name, follow))
 
 
 @endpoints_app.command("stop")
 def endpoints_stop(name: str) -> None:
-    endpoint = endpoints.stop(name)
+    endpoint = sdk.stop_endpoint(name)
     console.print(f"{endpoint.name}: {endpoint.status}")
 
 
@@ -175,7 +184,7 @@ def endpoints_stop(name: str) -> None:
 
 @app.command()
 def optimize(
-    model: str = typer.Option(catalog.DEFAULT_MODEL, "--model", "-m", help="Model id, catalogue id, HF folder or .gguf."),
+    model: str = typer.Option(sdk.DEFAULT_MODEL, "--model", "-m", help="Model id, catalogue id, HF folder or .gguf."),
     recipe: str = typer.Option("baseline", "--recipe", "-r", help="Built-in recipe name or YAML/JSON file."),
     quantize: Optional[str] = typer.Option(None, help="awq | smoothquant | fp8"),
     kv_cache: Optional[str] = typer.Option(None, help="KV cache dtype: fp8 | fp8_e5m2"),
@@ -188,13 +197,9 @@ def optimize(
     wait: bool = typer.Option(False, "--wait", help="Follow the job and exit non-zero unless it completes."),
 ) -> None:
     """Run a recipe on a model in a background job that writes an optimized artifact."""
-    chosen = recipes.load(recipe)
-    flags = recipes.flag_overrides(quantize, kv_cache, speculative, compile, tensor_parallel)
-    if flags:
-        chosen = chosen.merged(flags)
+    chosen = sdk.recipe_from_flags(sdk.load_recipe(recipe), quantize, kv_cache, speculative, compile, tensor_parallel)
     job = sdk.optimize(model, chosen, name=name, output=str(output) if output else None, force=force, wait=False)
-    for warning in job.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    _warn(job.warnings)
     if job.reused_from:
         console.print(f"job [bold]{job.name}[/] reuses the artifact of job {job.reused_from} (same key; --force rebuilds)")
     else:
@@ -207,18 +212,18 @@ def _follow_job(name: str) -> None:
     """Progress bars per step until the job ends; exit 1 unless it completed."""
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), console=err) as bar:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, Any] = {}
         while True:
-            record = store.get(name)
-            for step, state in record.steps.items():
+            record = sdk.get_job(name)
+            for step, state in record.progress.items():
                 if step not in tasks:
                     tasks[step] = bar.add_task(step, total=1.0)
-                bar.update(tasks[step], completed=state.get("fraction", 0.0))
-            if record.status not in store.ACTIVE:
+                bar.update(tasks[step], completed=state.fraction)
+            if record.status not in sdk.ACTIVE_JOB_STATUSES:
                 break
             time.sleep(0.5)
-    if record.status != store.COMPLETED:
-        raise LlmoptError(f"job {name} ended {record.status}: {record.failure_reason or 'stopped'}", f"see `llmopt jobs logs {name}`")
+    if record.status != "COMPLETED":
+        raise sdk.LlmoptError(f"job {name} ended {record.status}: {record.failure_reason or 'stopped'}", f"see `llmopt jobs logs {name}`")
     console.print(f"job [bold]{name}[/] COMPLETED: artifact at {record.artifact}")
 
 
@@ -226,28 +231,30 @@ def _follow_job(name: str) -> None:
 def jobs_list(
     status: Optional[str] = typer.Option(None, help="Only this status."),
     name_contains: Optional[str] = typer.Option(None, help="Only names containing this."),
+    as_json: bool = JSON,
 ) -> None:
-    rows = [
-        [j.name, j.status, j.source, json.loads(j.recipe).get("name", "custom"), _when(j.created_at),
-         f"{j.ended_at - j.started_at:.1f}" if j.ended_at and j.started_at else "", j.failure_reason or j.artifact or ""]
-        for j in store.list_jobs(status, name_contains)
-    ]
-    _table("Jobs", ["name", "status", "source", "recipe", "created", "seconds", "artifact / reason"], rows)
+    found = sdk.list_jobs(status, name_contains)
+    if as_json:
+        return _json(found)
+    rows = [[j.name, j.status, j.source, j.recipe.get("name", "custom"), when(j.created_at),
+             f"{j.ended_at - j.started_at:.1f}" if j.ended_at and j.started_at else "", j.failure_reason or j.artifact or ""]
+            for j in found]
+    terminal.listing(console, "Jobs", ["name", "status", "source", "recipe", "created", "seconds", "artifact / reason"], rows)
 
 
 @jobs_app.command("describe")
-def jobs_describe(name: str) -> None:
-    console.print_json(json.dumps(store.get(name).to_dict()))
+def jobs_describe(name: str, as_json: bool = JSON) -> None:
+    _json(sdk.get_job(name))
 
 
 @jobs_app.command("logs")
 def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f")) -> None:
-    _print_log(Path(store.get(name).log_path), follow, lambda: store.get(name).status in store.ACTIVE)
+    _print_lines(sdk.job_logs(name, follow))
 
 
 @jobs_app.command("stop")
 def jobs_stop(name: str) -> None:
-    console.print(f"{name}: {runner.stop(name).status}")
+    console.print(f"{name}: {sdk.stop_job(name).status}")
 
 
 @jobs_app.command("wait")
@@ -260,53 +267,60 @@ def jobs_wait(name: str) -> None:
 def export_command(
     artifact_dir: Path = typer.Argument(..., help="Artifact folder."),
     port: int = typer.Option(8000, help="Port in the command."),
-    host: str = typer.Option("127.0.0.1", help="Address in the command."),
+    host: str = typer.Option(sdk.DEFAULT_HOST, help="Address in the command."),
 ) -> None:
     """Print the plain vLLM command that serves an artifact without llmopt."""
     print(sdk.export_command(str(artifact_dir), host=host, port=port))
 
 
+# -- recipes ------------------------------------------------------------------------------------
+
+
 @recipes_app.command("list")
-def recipes_list() -> None:
-    rows = [[name, ", ".join(recipes.parse(data).techniques()) or "(none: package as is)"] for name, data in recipes.BUILTIN.items()]
-    _table("Built-in recipes", ["name", "techniques"], rows)
+def recipes_list(as_json: bool = JSON) -> None:
+    found = sdk.list_recipes()
+    if as_json:
+        return _json({name: r.to_dict() for name, r in found.items()})
+    rows = [[name, ", ".join(r.techniques()) or "(none: package as is)"] for name, r in found.items()]
+    terminal.listing(console, "Built-in recipes", ["name", "techniques"], rows)
 
 
 @recipes_app.command("show")
 def recipes_show(recipe: str) -> None:
     """A recipe (built-in name or file) in full, with every default filled in, as YAML."""
-    print(recipes.load(recipe).to_yaml(), end="")
+    print(sdk.load_recipe(recipe).to_yaml(), end="")
 
 
 @recipes_app.command("schema")
 def recipes_schema() -> None:
     """The JSON schema of recipes: every section and knob."""
-    print(json.dumps(recipes.Recipe.model_json_schema(), indent=2))
+    print(json.dumps(sdk.recipe_schema(), indent=2))
 
 
 @recipes_app.command("matrix")
-def recipes_matrix() -> None:
+def recipes_matrix(as_json: bool = JSON) -> None:
     """The compatibility matrix: technique x architecture x engine x hardware."""
-    rows = [[r["technique"], r["hardware"], ", ".join(r["architectures"]) if isinstance(r["architectures"], list) else r["architectures"],
-             r["status"], r.get("reason", "")] for r in compatibility.matrix()]
-    _table("Compatibility", ["technique", "hardware", "architectures", "status", "reason"], rows)
+    rows = sdk.compatibility_matrix()
+    if as_json:
+        return _json(list(rows))
+    terminal.listing(console, "Compatibility", ["technique", "hardware", "architectures", "processors", "status", "reason"], [
+        [r.technique, r.hardware, ", ".join(r.architectures) if isinstance(r.architectures, list) else r.architectures,
+         ", ".join(r.processors or []) or "any", r.status, r.reason] for r in rows])
 
 
 # -- compile cache ------------------------------------------------------------------------------
 
 
 @cache_app.command("list")
-def cache_list() -> None:
+def cache_list(as_json: bool = JSON) -> None:
     """Every entry: its key, what it was compiled for, its size, and when it was last used."""
-    rows = []
-    for entry in compile_cache.list_entries():
-        parts, meta = entry.components, entry.meta
-        args = parts["engine_args"]
-        shapes = f"len {args.get('max-model-len')}, seqs {args.get('max-num-seqs', 'default')}"
-        cold = meta.get("cold_ready_seconds")
-        rows.append([entry.key[:16], parts["weights"][:12], shapes, " ".join(parts["engine"]), f"{entry.size_bytes() / 1e6:.1f}",
-                     f"{cold:.1f}" if cold else "", _when((entry.path / compile_cache.KEY_FILE).stat().st_mtime)])
-    _table("Compile cache", ["key", "weights", "shapes", "engine", "MB", "cold start (s)", "last used"], rows)
+    found = sdk.list_cache()
+    if as_json:
+        return _json(found)
+    rows = [[e.key[:16], e.weights[:12], f"len {e.max_model_len}, seqs {e.max_num_seqs or 'default'}", e.engine,
+             f"{e.size_bytes / 1e6:.1f}", f"{e.cold_ready_seconds:.1f}" if e.cold_ready_seconds else "", when(e.last_used)]
+            for e in found]
+    terminal.listing(console, "Compile cache", ["key", "weights", "shapes", "engine", "MB", "cold start (s)", "last used"], rows)
 
 
 @cache_app.command("prune")
@@ -315,10 +329,10 @@ def cache_prune(
     older_than_days: float = typer.Option(30.0, help="Remove entries unused for this many days."),
 ) -> None:
     """Remove entries that have not been used for a while (never one a live endpoint started from)."""
-    removed = compile_cache.prune(None if all_entries else older_than_days * 86400, keep=endpoints.compile_cache_keys_in_use())
-    for entry, size in removed:
-        console.print(f"removed {entry.key[:16]} ({size / 1e6:.1f} MB)")
-    console.print(f"{len(removed)} entries removed, {sum(s for _, s in removed) / 1e6:.1f} MB freed")
+    removed = sdk.prune_cache(None if all_entries else older_than_days)
+    for entry in removed:
+        console.print(f"removed {entry.key[:16]} ({entry.size_bytes / 1e6:.1f} MB)")
+    console.print(f"{len(removed)} entries removed, {sum(e.size_bytes for e in removed) / 1e6:.1f} MB freed")
 
 
 # -- evaluate -----------------------------------------------------------------------------------
@@ -328,7 +342,7 @@ def _levels(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise LlmoptError(f"bad --concurrency '{text}'", "give comma-separated integers, e.g. 1,2,4") from None
+        raise sdk.LlmoptError(f"bad --concurrency '{text}'", "give comma-separated integers, e.g. 1,2,4") from None
 
 
 @contextmanager
@@ -336,9 +350,9 @@ def _evaluation_progress() -> Iterator[Callable[..., None]]:
     """Progress bars for an evaluation: a spinner per deploy, a bar per concurrency level."""
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True) as bar:
-        current: dict[str, int] = {}
+        current: dict[str, Any] = {}
 
-        def events(kind: str, **data) -> None:
+        def events(kind: str, **data: Any) -> None:
             if kind == "deploying":
                 current["task"] = bar.add_task(f"deploying {data['target']}", total=None)
             elif kind == "level":
@@ -372,25 +386,25 @@ def evaluate(
     timeout: float = typer.Option(300.0, help="Per-request timeout, seconds."),
     quality: bool = typer.Option(True, help="Also measure perplexity and greedy outputs."),
     seed: int = typer.Option(0, help="Workload sampling seed."),
+    api_key: Optional[str] = typer.Option(None, envvar="LLMOPT_API_KEY", show_envvar=True,
+                                          help="Key for a --url server that asks for one."),
 ) -> None:
     """Load-test at several concurrency levels and report latency, throughput, price and quality."""
-    from llmopt.evaluation import report
-
     with _evaluation_progress() as events:
         results = sdk.evaluate(endpoint=endpoint, url=url, model=model, compare=compare, dataset=dataset,
                                concurrency=_levels(concurrency), requests=requests, duration_s=duration, output=output,
                                hardware=hardware, price_per_hour=price_per_hour, discount=discount,
                                hardware_file=hardware_file, quality=quality, tokenizer=tokenizer,
                                ttft_target_ms=ttft_target, itl_target_ms=itl_target, timeout_s=timeout, seed=seed,
-                               events=events)
-    report.table(results, console)
-    skipped = (results.get("workload") or {}).get("skipped_lines")
+                               events=events, api_key=api_key)
+    terminal.evaluation(results, console)
+    skipped = results.workload.skipped_lines if results.workload else None
     if skipped:
-        err.print(f"[yellow]warning:[/] skipped {skipped['count']} malformed dataset lines: {skipped['line_numbers'][:20]}")
-    console.print(f"results: {output / report.RESULTS_FILE}  report: {output / report.REPORT_FILE}")
-    aborted = [t["aborted"] for t in results["targets"] if t.get("aborted")]
+        err.print(f"[yellow]warning:[/] skipped {skipped.count} malformed dataset lines: {skipped.line_numbers[:20]}")
+    console.print(f"results: {output / RESULTS_FILE}  report: {output / REPORT_FILE}")
+    aborted = [t.aborted for t in results.targets if t.aborted]
     if aborted:
-        raise LlmoptError(f"run ended early: {aborted[0]}", f"partial results were saved in {output}")
+        raise sdk.LlmoptError(f"run ended early: {aborted[0]}", f"partial results were saved in {output}")
 
 
 # -- demo ---------------------------------------------------------------------------------------
@@ -398,49 +412,46 @@ def evaluate(
 
 @app.command()
 def demo(
-    model: str = typer.Option(catalog.DEFAULT_MODEL, help="Model to optimize."),
+    model: str = typer.Option(sdk.DEFAULT_MODEL, help="Model to optimize."),
     recipe: str = typer.Option("smoothquant", "--recipe", "-r", help="Built-in recipe name or YAML/JSON file."),
     requests: int = typer.Option(8, help="Requests per concurrency level."),
     output: Path = typer.Option(Path("llmopt-demo"), help="Folder for results.json and report.html."),
 ) -> None:
     """The main job: optimize a model with a recipe, then load-test it side by side with the original."""
-    from llmopt import demo as demo_module
-    from llmopt.evaluation import report
-
-    chosen = recipes.load(recipe)
+    chosen = sdk.load_recipe(recipe)
     with _working(f"importing {model} (once)"):
-        imported = sources.resolve(model)
+        imported = sdk.resolve_model(model)
     console.print(f"model [bold]{imported.id}[/] at {imported.path} (sha256 {imported.content_hash[:12]})")
     job = sdk.optimize(imported.id, chosen, wait=False)
-    for warning in job.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    _warn(job.warnings)
     if job.reused_from:
         console.print(f"job [bold]{job.name}[/] reuses the artifact of job {job.reused_from}")
     _follow_job(job.name)
     with _evaluation_progress() as events:
-        results = sdk.evaluate(compare=[imported.id, str(store.get(job.name).artifact)], dataset="builtin-qa",
-                               concurrency=demo_module.CONCURRENCY, requests=requests, output=output, events=events)
-    report.table(results, console)
-    console.print(demo_module.verdict(results))
-    console.print(f"results: {output / report.RESULTS_FILE}  report: {output / report.REPORT_FILE}")
+        results = sdk.evaluate(compare=[imported.id, str(job.artifact)], dataset="builtin-qa", concurrency=(1, 4),
+                               requests=requests, output=output, events=events)
+    terminal.evaluation(results, console)
+    console.print(verdict(results))
+    console.print(f"results: {output / RESULTS_FILE}  report: {output / REPORT_FILE}")
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds like an interrupt: half-made imports and deployed targets are cleaned up
 
 
 def main() -> None:
-    """Console entry point: user errors become one line on stderr and exit code 1."""
+    """Console entry point: user errors become one line on stderr and exit code 1; an interrupt exits 130."""
+    signal.signal(signal.SIGTERM, _terminated)
     try:
-        app(standalone_mode=False)
-    except LlmoptError as exc:
+        code = app(standalone_mode=False)
+    except sdk.LlmoptError as exc:
         err.print(f"[red]error:[/] {exc.one_line()}", highlight=False, soft_wrap=True)
         sys.exit(1)
-    except (typer.Exit, SystemExit) as exc:
-        sys.exit(getattr(exc, "exit_code", getattr(exc, "code", 0)))
     except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+        code = 130
+    except click.ClickException as exc:  # usage errors
+        exc.show()
+        sys.exit(exc.exit_code)
+    if code == 130:
+        err.print("interrupted; anything running in the background (a job, an endpoint) goes on")
+    sys.exit(code if isinstance(code, int) else 0)

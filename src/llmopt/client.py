@@ -31,8 +31,9 @@ def chat(
     max_tokens: int = 64,
     temperature: float = 0.0,
     timeout_s: float = 120.0,
+    headers: dict[str, str] | None = None,
 ) -> ChatResult:
-    """Stream one chat completion and time it."""
+    """Stream one chat completion and time it (`headers`: an endpoint's, when it asks for a key)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -46,7 +47,7 @@ def chat(
     parts: list[str] = []
     tokens = 0
     try:
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout_s) as response:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout_s, headers=headers) as response:
             if response.status_code != 200:
                 raise LlmoptError(f"{url} answered HTTP {response.status_code}: {response.read()[:200]!r}", "check the endpoint's logs")
             for line in response.iter_lines():

@@ -1,25 +1,41 @@
-"""Check a recipe against the compatibility matrix (catalog/compatibility.yaml) before any work.
+"""The compatibility matrix (catalog/compatibility.yaml): technique x architecture x engine x hardware.
 
-Rules that depend only on technique, architecture and hardware are data; the few that need to
-look at the model or the machine are named by `check:` in the data and implemented here.
+Rules that depend only on technique, architecture and hardware are data, applied here. The rules
+that need to look at the model or the machine belong to each technique (`Technique.check`).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Callable
 
 import yaml
+from pydantic import BaseModel, ConfigDict
 
 from llmopt.engine.platform import Hardware
 from llmopt.errors import LlmoptError
-from llmopt.recipe import DraftModel, Recipe
-from llmopt.sources import Model
 
 MATRIX_FILE = Path(__file__).parent / "catalog" / "compatibility.yaml"
+
+
+class Row(BaseModel):
+    """One row of the matrix; the first row naming a technique, hardware and architecture applies."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    technique: str
+    hardware: str  # cpu | cuda | any
+    architectures: list[str] | str  # a list, or "any"
+    status: str  # supported | slow (runs, with a warning) | refused | unavailable (not built yet)
+    reason: str = ""
+    instead: str = ""
+    processors: list[str] | None = None  # CPU flags a row needs, e.g. [amx_int8]; unset: any processor
+
+    def matches(self, technique: str, architecture: str, hardware: Hardware) -> bool:
+        return (self.technique == technique and self.hardware in ("any", hardware.device)
+                and (self.architectures == "any" or architecture in self.architectures)
+                and (self.processors is None or all(flag in hardware.cpu_flags for flag in self.processors)))
 
 
 @dataclass
@@ -33,100 +49,26 @@ class Verdict:
 
 
 @cache
-def matrix() -> list[dict]:
-    return yaml.safe_load(MATRIX_FILE.read_text())
+def matrix() -> tuple[Row, ...]:
+    return tuple(Row.model_validate(row) for row in yaml.safe_load(MATRIX_FILE.read_text()))
 
 
-def check(recipe: Recipe, target: Model, hardware: Hardware) -> Verdict:
-    """Every technique in the recipe against the matrix, for this model and machine."""
-    config = json.loads((Path(target.path) / "config.json").read_text())
-    architecture = (config.get("architectures") or ["unknown"])[0]
-    verdict = Verdict()
-    for technique in recipe.techniques():
-        rows = [r for r in matrix() if r["technique"] == technique and r["hardware"] in ("any", hardware.device)]
-        if not rows:
-            verdict.refusals.append(f"{technique} is not in the compatibility matrix for {hardware.device}")
-            continue
-        fitting = [r for r in rows if r["architectures"] == "any" or architecture in r["architectures"]]
-        if not fitting:
-            supported = sorted({a for r in rows for a in r["architectures"]})
-            verdict.refusals.append(f"{technique} is not supported for {architecture} (supported: {', '.join(supported)})")
-            continue
-        row = fitting[0]
-        status = row["status"]
-        if status in ("refused", "unavailable"):
-            verdict.refusals.append(f"{technique}: {row['reason']}" + (f"; instead: {row['instead']}" if row.get("instead") else ""))
-        elif status == "slow":
-            verdict.warnings.append(f"{technique}: {row['reason']}" + (f"; consider: {row['instead']}" if row.get("instead") else ""))
-        if row.get("check"):
-            CHECKS[row["check"]](recipe, target, config, hardware, verdict)
-    return verdict
-
-
-def _tensor_parallel_devices(recipe: Recipe, target: Model, config: dict, hardware: Hardware, verdict: Verdict) -> None:
-    degree = recipe.tensor_parallel_size
-    devices = hardware.gpu_count if hardware.device == "cuda" else 1
-    heads = config.get("num_attention_heads")
-    if degree > devices:
-        verdict.refusals.append(
-            f"tensor_parallel_size {degree} needs {degree} {hardware.device} devices but this machine has {devices}; "
-            f"use tensor_parallel_size {devices}"
-        )
-    elif heads and heads % degree:
-        verdict.refusals.append(f"{heads} attention heads do not split over {degree} devices; use a degree that divides {heads}")
-
-
-def _speculation_fits(recipe: Recipe, target: Model, config: dict, hardware: Hardware, verdict: Verdict) -> None:
-    """A draft fits its target; the workload the sweep measures on can be read."""
-    from llmopt.evaluation import workload
-    from llmopt.techniques import speculative
-
-    spec = recipe.speculative
-    assert spec is not None
-    if isinstance(spec, DraftModel):
-        draft = speculative.check_draft(spec, target, verdict)
-        if draft is not None and draft.quantization is not None:  # checked as a recipe of its own
-            of_draft = check(Recipe(quantization=draft.quantization, sharding=recipe.sharding), draft.model, hardware)
-            verdict.refusals += [f"draft quantization: {r}" for r in of_draft.refusals]
-            verdict.warnings += [f"draft quantization: {w}" for w in of_draft.warnings]
-    if spec.disable_above_batch == "auto":
-        try:
-            tokenizer = None
-            if spec.sweep.dataset.startswith("synthetic:"):
-                from transformers import AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(target.path)
-            workload.load(spec.sweep.dataset, count=1, tokenizer=tokenizer)
-        except LlmoptError as exc:
-            verdict.refusals.append(f"speculative.sweep.dataset: {exc.problem}; {exc.fix}")
-
-
-def _quantization_fits(recipe: Recipe, target: Model, config: dict, hardware: Hardware, verdict: Verdict) -> None:
-    """The scheme's group or block size fits the layer shapes, and quantizing fits in memory."""
-    from llmopt.techniques import quantize, schemes
-
-    assert recipe.quantization is not None
-    already = config.get("quantization_config")
-    if already:
-        verdict.refusals.append(
-            f"'{target.id}' is already quantized ({already.get('quant_method', 'unknown method')}); "
-            "quantize the model it was made from instead"
-        )
-        return
-    try:
-        fitted = schemes.fit(recipe.quantization, config, recipe.tensor_parallel_size)
-    except LlmoptError as exc:
-        verdict.refusals.append(f"{exc.problem}; {exc.fix}")
-        return
-    if fitted.note:
-        verdict.warnings.append(fitted.note)
-    refusal = quantize.check_memory(recipe.quantization, config, target.size_bytes)
-    if refusal:
-        verdict.refusals.append(refusal)
-
-
-CHECKS: dict[str, Callable[[Recipe, Model, dict, Hardware, Verdict], None]] = {
-    "quantization_fits": _quantization_fits,
-    "tensor_parallel_devices": _tensor_parallel_devices,
-    "speculation_fits": _speculation_fits,
-}
+def apply(technique: str, architecture: str, hardware: Hardware, verdict: Verdict) -> Row | None:
+    """The row for a technique on this model and machine, its refusal or warning added to the
+    verdict; None when the technique may not run here at all."""
+    rows = [r for r in matrix() if r.technique == technique and r.hardware in ("any", hardware.device)]
+    if not rows:
+        verdict.refusals.append(f"{technique} is not in the compatibility matrix for {hardware.device}")
+        return None
+    row = next((r for r in rows if r.matches(technique, architecture, hardware)), None)
+    if row is None:
+        supported = sorted({a for r in rows if isinstance(r.architectures, list) for a in r.architectures})
+        verdict.refusals.append(f"{technique} is not supported for {architecture} (supported: {', '.join(supported)})")
+        return None
+    advice = f"{row.reason}" + (f"; instead: {row.instead}" if row.instead else "")
+    if row.status in ("refused", "unavailable"):
+        verdict.refusals.append(f"{technique}: {advice}")
+        return None
+    if row.status == "slow":
+        verdict.warnings.append(f"{technique}: {advice}")
+    return row

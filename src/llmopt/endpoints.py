@@ -5,53 +5,59 @@ Records tell the truth: whenever one is read, a recorded process that is gone is
 
 from __future__ import annotations
 
-import json
-import secrets
+import os
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
-from llmopt import db, paths, procs
-from llmopt.engine import compile_cache
-from llmopt.engine import metrics as engine_metrics
-from llmopt.engine import vllm
+from pydantic import BaseModel, Field
+
+from llmopt import names, paths, procs, records
+from llmopt.engine import compile_cache, platform, vllm
+from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
-from llmopt.serving import ServingSpec
 
 STARTING, READY, FAILED, STOPPED = "STARTING", "READY", "FAILED", "STOPPED"
+STATUSES = (STARTING, READY, FAILED, STOPPED)
 LIVE = (STARTING, READY)
 DEFAULT_READY_TIMEOUT_S = 900.0
 
 
-@dataclass
-class Endpoint:
+class Endpoint(BaseModel):
     """A deployed model. Use it as a context manager to stop it when the block ends."""
 
     name: str
     model: str
     model_path: str
+    served_name: str
     host: str
     port: int
-    pid: int | None
-    pid_create_time: float | None
-    status: str
-    failure_reason: str | None
+    pid: int | None = None
+    pid_create_time: float | None = None
+    status: str = STARTING
+    failure_reason: str | None = None
     log_path: str
-    engine_args: str
-    engine_env: str
+    engine: EngineConfig
+    environment: dict[str, str] = Field(default_factory=dict)  # as the server was started, on this machine
+    trust_remote_code: bool = False
+    chat_template: str | None = None
     started_at: float
-    ready_at: float | None
-    stopped_at: float | None
-    verification: str | None = None  # JSON: what was proven after start (e.g. speculation running)
+    ready_at: float | None = None
+    stopped_at: float | None = None
+    start: compile_cache.Start | None = None  # served from the compile cache, or compiled
+    deployer_pid: int | None = None  # the process waiting for readiness: a start it does not see through is orphaned
+    deployer_create_time: float | None = None
+    verified: dict[str, Any] = Field(default_factory=dict)  # what each technique proved after the start
+    api_key: str | None = Field(None, repr=False)  # kept in the owner-only database, never shown
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     @property
-    def served_name(self) -> str:
-        return str(json.loads(self.engine_args).get("served-model-name", self.model))
+    def headers(self) -> dict[str, str]:
+        """What a client sends to be let in."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
     def seconds_to_ready(self) -> float | None:
@@ -68,79 +74,79 @@ class Endpoint:
         self.stop()
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data["engine_args"] = json.loads(self.engine_args)
-        data["engine_env"] = json.loads(self.engine_env)
-        data["verification"] = json.loads(self.verification) if self.verification else None
-        data["url"] = self.url
-        return data
+        return {**self.model_dump(mode="json", exclude={"api_key"}), "url": self.url, "authenticated": bool(self.api_key)}
 
 
-def deploy(
-    spec: ServingSpec,
-    name: str | None = None,
+ENDPOINTS = records.Table("endpoints", Endpoint, key="name", order="started_at")
+Verifier = Callable[[Endpoint], dict[str, Any]]
+
+
+def launch(
+    model_path: str,
+    model_label: str,
+    served_name: str,
+    engine: EngineConfig,
+    name: str,
+    verify: Verifier,
     port: int | None = None,
     host: str = vllm.DEFAULT_HOST,
     timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+    api_key: str | None = None,
+    insecure: bool = False,
+    trust_remote_code: bool = False,
+    chat_template: str | None = None,
 ) -> Endpoint:
-    """Start a server for `spec`, wait until it answers, and record it; on failure record why."""
-    name = name or f"{spec.served_name}-{secrets.token_hex(3)}"
-    _claim_name(name)
+    """Claim the name, start a server, wait until it answers and `verify` has proven what its settings
+    promise; on any failure the server is stopped and the record says why.
+
+    Bad input is refused before anything is recorded or started: the name, the address (a host
+    other than loopback needs an API key, or `insecure`), the timeout."""
+    names.check(name, "endpoint")
+    vllm.check_address(host, port)
+    if not vllm.is_loopback(host) and not api_key and not insecure:
+        raise LlmoptError(f"binding {host} without an API key would serve the model to anyone who can reach it",
+                          "pass --api-key (or set LLMOPT_API_KEY), or --insecure if the network is yours alone")
+    if not 0 < timeout_s <= 86400:
+        raise LlmoptError(f"timeout {timeout_s:g} s is not a wait", "pass --timeout in seconds, e.g. 900")
     if port is None:
         port = vllm.free_port(host)
     else:
         vllm.check_port_free(host, port)
+    hw = platform.detect()
     log_path = paths.logs_dir() / f"endpoint-{name}.log"
-    log_path.unlink(missing_ok=True)
-    args = spec.args()
-    with compile_cache.Watch(compile_cache.entry_for(spec.model_path, args)) as cache:
-        env = {**spec.env, **cache.entry.env}
-        server = vllm.start_server(spec.model_path, args, env, log_path, host, port)
-        endpoint = Endpoint(
-            name=name,
-            model=spec.model_label,
-            model_path=spec.model_path,
-            host=host,
-            port=port,
-            pid=server.pid,
-            pid_create_time=server.create_time,
-            status=STARTING,
-            failure_reason=None,
-            log_path=str(log_path),
-            engine_args=json.dumps(args),
-            engine_env=json.dumps(env),
-            started_at=time.time(),
-            ready_at=None,
-            stopped_at=None,
-        )
-        _insert(endpoint)
-        try:
-            server.wait_ready(timeout_s)
-            started = cache.ready(round(time.time() - endpoint.started_at, 2))
-            verification = _verify(endpoint)
-        except BaseException as exc:
-            reason = exc.problem.splitlines()[0] if isinstance(exc, LlmoptError) else f"interrupted ({type(exc).__name__})"
+    env = vllm.environment(engine, hw)
+    endpoint = Endpoint(name=name, model=model_label, model_path=model_path, served_name=served_name, host=host, port=port,
+                        log_path=str(log_path), engine=engine, environment=env, trust_remote_code=trust_remote_code,
+                        chat_template=chat_template, started_at=time.time(), api_key=api_key,
+                        deployer_pid=os.getpid(), deployer_create_time=procs.create_time(os.getpid()))
+    _claim(endpoint)
+    server: vllm.ServerProcess | None = None
+    try:
+        log_path.unlink(missing_ok=True)
+        with compile_cache.Watch(compile_cache.entry_for(model_path, engine, hw)) as cache:
+            endpoint.environment = env = {**env, **cache.entry.env}
+            argv = vllm.server_argv(model_path, engine, served_name, host, port, trust_remote_code, chat_template,
+                                    guarded=api_key is not None)
+            server = vllm.start_server(argv, env, log_path, host, port, secret_env=vllm.secret_env(api_key))
+            ENDPOINTS.update(name, pid=server.pid, pid_create_time=server.create_time, environment=env)
+            endpoint.pid, endpoint.pid_create_time = server.pid, server.create_time
+            server.wait_ready(timeout_s, endpoint.headers)
+            endpoint.start = cache.ready(round(time.time() - endpoint.started_at, 2))
+        endpoint.verified = verify(endpoint)
+    except BaseException as exc:
+        reason = exc.problem.splitlines()[0] if isinstance(exc, LlmoptError) else f"interrupted ({type(exc).__name__})"
+        if server is not None:
             server.stop()
-            _update(name, status=FAILED, failure_reason=reason, stopped_at=time.time())
-            raise
+        ENDPOINTS.update(name, status=FAILED, failure_reason=reason, stopped_at=time.time())
+        raise
     endpoint.status, endpoint.ready_at = READY, time.time()
-    verification["compile_cache"] = started
-    endpoint.verification = json.dumps(verification)
-    _update(name, status=READY, ready_at=endpoint.ready_at, verification=endpoint.verification)
+    ENDPOINTS.update(name, status=READY, ready_at=endpoint.ready_at, start=endpoint.start, verified=endpoint.verified)
     return endpoint
 
 
 def compile_cache_keys_in_use() -> frozenset[str]:
     """Compile-cache entries that live endpoints started from (pruning must keep them)."""
-    dirs = (json.loads(e.engine_env).get("TORCHINDUCTOR_CACHE_DIR") for e in list_endpoints() if e.status in LIVE)
-    return frozenset(Path(d).parent.name for d in dirs if d)
-
-
-def _verify(endpoint: Endpoint) -> dict:
-    """Prove what the configuration promises; today that is speculative decoding actually running."""
-    if "speculative-config" not in json.loads(endpoint.engine_args):
-        return {}
-    return {"speculative": engine_metrics.verify_speculation(endpoint.url, endpoint.served_name)}
+    return frozenset(e.start.key for e in list_endpoints() if e.status in LIVE and e.start is not None)
 
 
 def get(name: str) -> Endpoint:
@@ -151,9 +157,9 @@ def get(name: str) -> Endpoint:
 
 
 def list_endpoints(status: str | None = None) -> list[Endpoint]:
-    with db.connect() as conn:
-        names = [r["name"] for r in conn.execute("SELECT name FROM endpoints ORDER BY started_at")]
-    found = [e for e in (_load(n) for n in names) if e is not None]
+    if status is not None and status.upper() not in STATUSES:
+        raise LlmoptError(f"unknown status '{status}'", f"use one of {', '.join(STATUSES)}")
+    found = [_reconcile(e) for e in ENDPOINTS.select()]
     return [e for e in found if status is None or e.status == status.upper()]
 
 
@@ -162,15 +168,11 @@ def stop(name: str) -> Endpoint:
     if endpoint.pid is not None:
         procs.stop_group(endpoint.pid, endpoint.pid_create_time)
     if endpoint.status in LIVE:
-        _update(name, status=STOPPED, stopped_at=time.time())
+        ENDPOINTS.update(name, status=STOPPED, stopped_at=time.time())
     return get(name)
 
 
-def logs(name: str) -> Path:
-    return Path(get(name).log_path)
-
-
-def follow(path: Path, alive) -> Iterator[str]:
+def follow(path: Path, alive: Callable[[], bool]) -> Iterator[str]:
     """Yield a log's lines as they are written, until `alive()` turns false and the file is drained."""
     with path.open(errors="replace") as f:
         while True:
@@ -185,37 +187,45 @@ def follow(path: Path, alive) -> Iterator[str]:
 
 
 def _load(name: str) -> Endpoint | None:
-    with db.connect() as conn:
-        row = conn.execute("SELECT * FROM endpoints WHERE name = ?", (name,)).fetchone()
-    if row is None:
+    endpoint = ENDPOINTS.get(name)
+    return _reconcile(endpoint) if endpoint else None
+
+
+def _dead(endpoint: Endpoint) -> str | None:
+    """Why a live record's server is not (or will never be) serving; None while it is, or may yet."""
+    if endpoint.status not in LIVE:
         return None
-    endpoint = Endpoint(**dict(row))
-    if endpoint.status in LIVE and not procs.is_alive(endpoint.pid, endpoint.pid_create_time):
-        reason = f"engine process {endpoint.pid} exited unexpectedly; see {endpoint.log_path}"
-        _update(name, status=FAILED, failure_reason=reason, stopped_at=time.time())
-        endpoint.status, endpoint.failure_reason = FAILED, reason
-    return endpoint
+    deployer_gone = (endpoint.status == STARTING and endpoint.deployer_pid is not None
+                     and not procs.is_alive(endpoint.deployer_pid, endpoint.deployer_create_time))
+    if endpoint.pid is None:
+        return "the engine was never started (the deploying process died)" if (
+            deployer_gone or time.time() - endpoint.started_at >= procs.SPAWN_GRACE_S) else None
+    if not procs.is_alive(endpoint.pid, endpoint.pid_create_time):
+        return f"engine process {endpoint.pid} exited unexpectedly; see {endpoint.log_path}"
+    return "the deploying process died before the engine was ready; the engine was stopped" if deployer_gone else None
 
 
-def _claim_name(name: str) -> None:
-    """Names are unique among live endpoints; a dead endpoint's record gives its name up."""
-    existing = _load(name)
-    if existing is None:
-        return
-    if existing.status in LIVE:
-        raise LlmoptError(f"an endpoint named '{name}' is already running", "pass another --name or stop it first")
-    with db.connect() as conn:
-        conn.execute("DELETE FROM endpoints WHERE name = ?", (name,))
+def _reconcile(endpoint: Endpoint) -> Endpoint:
+    """A live record whose server is gone, or was left starting by a deployer that died, is FAILED,
+    and what is left of its processes is stopped."""
+    reason = _dead(endpoint)
+    if reason is None:
+        return endpoint
+    if endpoint.pid is not None:
+        procs.stop_group(endpoint.pid, endpoint.pid_create_time)  # an orphaned start
+        procs.kill_group(endpoint.pid, endpoint.pid_create_time)  # what a dead server left (its engine core)
+    ENDPOINTS.update(endpoint.name, status=FAILED, failure_reason=reason, stopped_at=time.time())
+    return endpoint.model_copy(update={"status": FAILED, "failure_reason": reason})
 
 
-def _insert(endpoint: Endpoint) -> None:
-    data = asdict(endpoint)
-    columns = ", ".join(data)
-    with db.connect() as conn:
-        conn.execute(f"INSERT INTO endpoints ({columns}) VALUES ({', '.join(':' + c for c in data)})", data)
-
-
-def _update(name: str, **fields: object) -> None:
-    assignments = ", ".join(f"{k} = :{k}" for k in fields)
-    with db.connect() as conn:
-        conn.execute(f"UPDATE endpoints SET {assignments} WHERE name = :name", {**fields, "name": name})
+def _claim(endpoint: Endpoint) -> None:
+    """Names are unique among live endpoints; a dead endpoint's record gives its name up. Checked
+    and recorded in one transaction, so two deploys of one name cannot both start a server."""
+    _load(endpoint.name)  # a dead record's leftover processes are stopped before it gives its name up
+    with ENDPOINTS.transaction() as conn:
+        existing = ENDPOINTS.read(conn, endpoint.name)
+        if existing is not None:
+            if existing.status in LIVE:
+                raise LlmoptError(f"an endpoint named '{endpoint.name}' is already running", "pass another --name or stop it first")
+            ENDPOINTS.delete(endpoint.name, conn)
+        ENDPOINTS.insert(endpoint, conn)

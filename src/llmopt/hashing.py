@@ -1,13 +1,35 @@
-"""Content hashes of files and folders: the identity of models, artifacts and cache entries."""
+"""Content hashes of files and folders: the identity of models, artifacts and cache entries.
+
+Hashing gigabytes of weights at every deploy would cost seconds to minutes, so a file's hash is
+remembered against its path, size, inode and change time (ctime, which no user call can set back,
+unlike mtime): any write to the file, or a file swapped in its place, hashes it afresh.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from llmopt import records
+
 _CHUNK = 1 << 20
+
+
+class FileHash(BaseModel):
+    path: str
+    size: int
+    inode: int
+    ctime_ns: int
+    mtime_ns: int
+    sha256: str
+
+
+HASHES = records.Table("file_hashes", FileHash, key="path", order="path")
 
 
 def file_sha256(path: Path) -> str:
@@ -18,15 +40,46 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def folder_sha256(root: Path, exclude: frozenset[str] = frozenset()) -> str:
+def remembered_sha256(path: Path) -> str:
+    """A file's hash, computed again only when the file may have changed since it was last hashed."""
+    return _remembered([path.resolve()])[0]
+
+
+def folder_sha256(root: Path, exclude: frozenset[str] = frozenset(), remember: bool = False) -> str:
     """Hash of every file's relative path and content, independent of where the folder lives."""
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and p.relative_to(root).as_posix() not in exclude]
+    hashes = _remembered([p.resolve() for p in files]) if remember else [file_sha256(p) for p in files]
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if rel in exclude:
-            continue
-        digest.update(rel.encode() + b"\0" + file_sha256(path).encode() + b"\n")
+    for path, sha in zip(files, hashes):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + sha.encode() + b"\n")
     return digest.hexdigest()
+
+
+def _remembered(paths: list[Path]) -> list[str]:
+    """Hashes of resolved paths: read from the remembered ones where the file is unchanged, one
+    query in and one transaction out."""
+    if not paths:
+        return []
+    prefix = os.path.commonpath([str(p) for p in paths])
+    known = {h.path: h for h in HASHES.select("path = ? OR path LIKE ?", (prefix, prefix.rstrip("/") + "/%"))}
+    found, fresh = [], []
+    for path in paths:
+        stat = os.stat(path)
+        seen = FileHash(path=str(path), size=stat.st_size, inode=stat.st_ino, ctime_ns=stat.st_ctime_ns,
+                        mtime_ns=stat.st_mtime_ns, sha256="")
+        old = known.get(str(path))
+        if old is not None and old.model_copy(update={"sha256": ""}) == seen:
+            found.append(old.sha256)
+            continue
+        seen.sha256 = file_sha256(path)
+        fresh.append(seen)
+        found.append(seen.sha256)
+    if fresh:
+        with HASHES.transaction() as conn:
+            for record in fresh:
+                HASHES.delete(record.path, conn)
+                HASHES.insert(record, conn)
+    return found
 
 
 def json_sha256(value: Any) -> str:

@@ -9,14 +9,17 @@ HOME_ENV = "LLMOPT_HOME"
 
 
 def home() -> Path:
-    """The llmopt home: $LLMOPT_HOME, else $XDG_CACHE_HOME/llmopt, else ~/.cache/llmopt."""
+    """The llmopt home: $LLMOPT_HOME, else $XDG_CACHE_HOME/llmopt, else ~/.cache/llmopt. Created
+    readable by its owner alone: it holds the records (API keys among them), logs and weights."""
     explicit = os.environ.get(HOME_ENV)
     if explicit:
         root = Path(explicit)
     else:
         cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         root = Path(cache) / "llmopt"
-    root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o700)
     return root
 
 
@@ -24,8 +27,8 @@ def models_dir() -> Path:
     return _sub("models")
 
 
-def artifacts_dir() -> Path:
-    return _sub("artifacts")
+def artifacts_dir(create: bool = True) -> Path:
+    return _sub("artifacts") if create else home() / "artifacts"
 
 
 def logs_dir() -> Path:
@@ -38,5 +41,5 @@ def db_path() -> Path:
 
 def _sub(name: str) -> Path:
     path = home() / name
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path

@@ -12,6 +12,8 @@ import time
 
 import psutil
 
+SPAWN_GRACE_S = 120.0  # a record whose process was never started, after this long, was abandoned
+
 
 def create_time(pid: int) -> float:
     return psutil.Process(pid).create_time()
@@ -29,6 +31,14 @@ def is_alive(pid: int | None, created: float | None) -> bool:
         return created is None or abs(proc.create_time() - created) < 1.0
     except psutil.NoSuchProcess:
         return False
+
+
+def lost(pid: int | None, created: float | None, recorded_at: float) -> str | None:
+    """Why a recorded background process is not running ("never started": none was recorded within
+    the grace period, so its creator died; "exited"), or None while it runs or may still start."""
+    if pid is None:
+        return "never started" if time.time() - recorded_at >= SPAWN_GRACE_S else None
+    return None if is_alive(pid, created) else "exited"
 
 
 def stop_group(pid: int, created: float | None, grace_s: float = 20.0) -> None:
@@ -70,12 +80,23 @@ def stop_tree(pid: int, created: float | None, grace_s: float = 20.0) -> None:
     _reap(pid)
 
 
-def kill_group(pgid: int) -> None:
-    """SIGKILL whatever is left in a process group whose leader may already be gone."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def kill_group(pgid: int, created: float | None) -> int:
+    """SIGKILL what is left of a process group whose leader (recorded with its start time) may be
+    gone: only processes in that group that started after the leader did, never a process that
+    merely got a recycled pid. Returns how many were killed."""
+    if created is None:
+        return 0
+    if psutil.pid_exists(pgid) and not is_alive(pgid, created):
+        return 0  # the pid now belongs to another process, and so may the group
+    killed = 0
+    for proc in psutil.process_iter(["pid", "create_time"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["create_time"] >= created - 1.0:
+                proc.kill()
+                killed += 1
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return killed
 
 
 def _signal_proc(proc: psutil.Process, sig: signal.Signals) -> None:

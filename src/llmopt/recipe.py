@@ -1,190 +1,48 @@
-"""Recipes: the techniques to apply to a model, as typed, validated, serializable objects.
+"""Recipes: the techniques to apply to a model, as one typed, validated, serializable object.
 
-A recipe is data: it round-trips through YAML and JSON, and every knob is checked when it is
-built. Whether a recipe can run on a given model, engine and machine is a separate question,
-answered by `compatibility.check` before any work starts.
+A recipe has a section per registered technique (`techniques.REGISTRY`), each typed by the
+technique that owns it. It round-trips through YAML and JSON, and every knob is checked when it
+is built; so are contradictions between sections (the engine settings the recipe asks for must
+be possible). Whether a recipe can run on a given model and machine is a separate question,
+answered by `techniques.check` before any work starts.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
+from llmopt import techniques
 from llmopt.errors import LlmoptError
 
+MAX_FILE_BYTES = 1 << 20
 
-class _Technique(BaseModel):
+
+class _RecipeBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-
-class Calibration(_Technique):
-    """Data that calibration-based quantization sees."""
-
-    dataset: str = Field("builtin", description="'builtin' (text shipped with llmopt) or a JSONL path.")
-    samples: int = Field(64, gt=0, le=4096)
-    sequence_length: int = Field(384, gt=0, le=32768)
-
-
-class AWQ(_Technique):
-    """INT4 weight-only (W4A16) with activation-aware scaling."""
-
-    method: Literal["awq"] = "awq"
-    group_size: int = Field(128, gt=0)
-    symmetric: bool = False
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
-    calibration: Calibration = Field(default_factory=Calibration)
-    max_perplexity_increase: float = Field(0.12, ge=0, description="Quality budget, as a fraction.")
-
-
-class SmoothQuant(_Technique):
-    """SmoothQuant then INT8 weights per channel and INT8 activations per token, dynamic (W8A8)."""
-
-    method: Literal["smoothquant"] = "smoothquant"
-    alpha: float = Field(0.8, gt=0, lt=1)
-    weights: Literal["gptq", "rtn"] = "gptq"
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
-    calibration: Calibration = Field(default_factory=Calibration)
-    max_perplexity_increase: float = Field(0.03, ge=0)
-
-
-class FP8(_Technique):
-    """FP8 weights and activations: dynamic per-channel, or block-wise."""
-
-    method: Literal["fp8"] = "fp8"
-    scheme: Literal["block", "dynamic"] = "block"
-    block_size: tuple[int, int] = (128, 128)
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
-    max_perplexity_increase: float = Field(0.02, ge=0)
-
-
-Quantization = Annotated[Union[AWQ, SmoothQuant, FP8], Field(discriminator="method")]
-
-
-class KVCache(_Technique):
-    dtype: Literal["auto", "fp8", "fp8_e5m2"] = "fp8"
-
-
-class SpeculationSweep(_Technique):
-    """How a job finds where speculation stops paying: output tokens/s with and without it, side by
-    side on this machine, at each concurrency level, on this workload (the user's own JSONL is best)."""
-
-    dataset: str = Field("builtin-qa", description="builtin-qa, sharegpt, synthetic:IN,OUT or a JSONL path.")
-    concurrency: tuple[int, ...] = Field((1, 2, 4, 8), min_length=1)
-    requests: int = Field(8, gt=0, le=4096, description="Requests per level, per engine.")
-
-    @model_validator(mode="after")
-    def _levels(self) -> "SpeculationSweep":
-        if any(c <= 0 for c in self.concurrency) or list(self.concurrency) != sorted(set(self.concurrency)):
-            raise ValueError(f"sweep concurrency must be increasing positive integers, got {list(self.concurrency)}")
-        return self
-
-
-class _Speculation(_Technique):
-    disable_above_batch: int | Literal["auto", "never"] = Field(
-        "auto",
-        description="Propose no drafts when more sequences than this are batched. 'auto' measures where speculation "
-        "stops paying (see sweep); 'never' speculates at every batch size.",
-    )
-    sweep: SpeculationSweep = Field(default_factory=SpeculationSweep)
-
-    @model_validator(mode="after")
-    def _batch(self) -> "_Speculation":
-        if isinstance(self.disable_above_batch, int) and self.disable_above_batch <= 0:
-            raise ValueError(f"disable_above_batch must be positive, 'auto' or 'never', got {self.disable_above_batch}")
-        return self
-
-
-class DraftModel(_Speculation):
-    """Speculative decoding with a smaller draft model of the same tokenizer."""
-
-    method: Literal["draft_model"] = "draft_model"
-    model: str = Field("recommended", description="'recommended', a catalogue id, an imported model or a folder.")
-    quantization: Quantization | None = Field(
-        None,
-        description="Quantize the draft before it goes into the artifact: a cheaper draft proposes faster, and the "
-        "target still verifies every token. Unset with model 'recommended', the catalogue's choice for that draft applies.",
-    )
-    # Qwen2.5-Coder 0.5B (INT8, the catalogue's recommendation) for 1.5B on two cores: k=3 gave
-    # 2.02x at concurrency 1 and beat k=2 at every level and k=4 from concurrency 2 (benchmarks/README.md)
-    num_speculative_tokens: int = Field(3, gt=0, le=16)
-
-    def __init__(self, model: str = "recommended", **data: Any) -> None:
-        super().__init__(model=model, **data)
-
-
-class NGram(_Speculation):
-    """Draft-free speculation that proposes continuations found in the prompt (prompt lookup)."""
-
-    method: Literal["ngram"] = "ngram"
-    # 3 beat 2 and 4 at concurrency 1, 2 and 4 on the QA workload (benchmarks/speculative.py: 1.63x
-    # against 1.53x and 1.30x at concurrency 1); 4 is accepted too rarely to pay for its verification
-    num_speculative_tokens: int = Field(3, gt=0, le=16)
-    prompt_lookup_min: int = Field(2, gt=0)
-    prompt_lookup_max: int = Field(4, gt=0)
-
-    @model_validator(mode="after")
-    def _window(self) -> "NGram":
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(
-                f"prompt_lookup_min ({self.prompt_lookup_min}) is larger than prompt_lookup_max ({self.prompt_lookup_max})"
-            )
-        return self
-
-
-Speculative = Annotated[Union[DraftModel, NGram], Field(discriminator="method")]
-
-
-class Compilation(_Technique):
-    """Ahead-of-time compilation for fixed serving shapes, kept in the compile cache."""
-
-    max_num_seqs: int = Field(16, gt=0)
-    max_model_len: int = Field(4096, gt=0)
-
-
-class Sharding(_Technique):
-    tensor_parallel_size: int = Field(1, gt=0)
-
-
-class Recipe(_Technique):
-    """What to apply to a model. An empty recipe is the baseline: package the model as it is."""
-
     name: str | None = None
-    quantization: Quantization | None = None
-    kv_cache: KVCache | None = None
-    speculative: Speculative | None = None
-    compilation: Compilation | None = None
-    sharding: Sharding | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Recipe":
-        """Techniques that contradict each other."""
-        if self.speculative and self.compilation and self.speculative.num_speculative_tokens >= self.compilation.max_model_len:
-            raise ValueError("speculative.num_speculative_tokens must be smaller than compilation.max_model_len")
+    def _consistent(self) -> "_RecipeBase":
+        """Sections that contradict each other show up in the engine settings they ask for together."""
+        try:
+            techniques.engine(self)
+        except ValidationError as exc:
+            raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
         return self
+
+    def techniques(self) -> list[str]:
+        """The recipe's techniques, as the compatibility matrix names them."""
+        return techniques.names(self)
 
     @property
     def tensor_parallel_size(self) -> int:
-        return self.sharding.tensor_parallel_size if self.sharding else 1
-
-    def techniques(self) -> list[str]:
-        """Names of the techniques in the recipe, as the compatibility matrix spells them."""
-        names = []
-        if self.quantization:
-            q = self.quantization
-            names.append(f"quantization.{q.method}" + (f".{q.scheme}" if isinstance(q, FP8) else ""))
-        if self.kv_cache and self.kv_cache.dtype != "auto":
-            names.append(f"kv_cache.{self.kv_cache.dtype}")
-        if self.speculative:
-            names.append(f"speculative.{self.speculative.method}")
-        if self.compilation:
-            names.append("compilation")
-        if self.tensor_parallel_size > 1:
-            names.append("sharding.tensor_parallel")
-        return names
+        return techniques.engine(self).tensor_parallel_size
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
@@ -203,6 +61,13 @@ class Recipe(_Technique):
         return parse(data, origin="flags")
 
 
+Recipe = create_model(  # one optional section per technique, typed by the technique that owns it
+    "Recipe",
+    __base__=_RecipeBase,
+    __doc__="What to apply to a model. An empty recipe is the baseline: package the model as it is.",
+    **{t.section: (t.spec | None, None) for t in techniques.REGISTRY},
+)
+
 BUILTIN: dict[str, dict[str, Any]] = {
     "baseline": {"name": "baseline"},
     "kv-fp8": {"name": "kv-fp8", "kv_cache": {"dtype": "fp8"}},
@@ -213,7 +78,7 @@ BUILTIN: dict[str, dict[str, Any]] = {
 }
 
 
-def parse(data: Any, origin: str = "recipe") -> Recipe:
+def parse(data: Any, origin: str = "recipe") -> Any:
     """Build a recipe from plain data, turning validation errors into one readable line."""
     if data is None:
         data = {}
@@ -225,7 +90,7 @@ def parse(data: Any, origin: str = "recipe") -> Recipe:
         raise LlmoptError(f"{origin}: {_describe(exc)}", "fix the recipe; `llmopt recipes schema` lists every key") from None
 
 
-def load(spec: str | Path) -> Recipe:
+def load(spec: str | Path) -> Any:
     """A recipe from a built-in name or a YAML/JSON file."""
     if isinstance(spec, str) and spec in BUILTIN:
         return parse(BUILTIN[spec], origin=f"built-in recipe {spec}")
@@ -235,15 +100,25 @@ def load(spec: str | Path) -> Recipe:
             f"no recipe file or built-in recipe named '{spec}'",
             f"pass a .yaml/.json file or one of: {', '.join(BUILTIN)}",
         )
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise LlmoptError(f"{path}: {path.stat().st_size} bytes is too large for a recipe", "pass a recipe file under 1 MB")
     try:
-        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise LlmoptError(f"{path}: cannot parse ({' '.join(str(exc).split())})", "fix the file's syntax") from None
+        text = path.read_bytes().decode("utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except UnicodeDecodeError:
+        raise LlmoptError(f"{path}: not UTF-8 text", "save the recipe as UTF-8") from None
+    except (yaml.YAMLError, json.JSONDecodeError, RecursionError) as exc:
+        raise LlmoptError(f"{path}: cannot parse ({' '.join(str(exc).split())[:300]})", "fix the file's syntax") from None
     return parse(data, origin=str(path))
 
 
-def save(recipe: Recipe, path: Path) -> None:
+def save(recipe: Any, path: Path) -> None:
     path.write_text(recipe.to_json() if path.suffix == ".json" else recipe.to_yaml())
+
+
+def schema() -> dict[str, Any]:
+    """The JSON schema of recipes: every section and knob."""
+    return Recipe.model_json_schema()
 
 
 def _describe(exc: ValidationError) -> str:
@@ -254,7 +129,8 @@ def _describe(exc: ValidationError) -> str:
             parent, key = error["loc"][:-1], error["loc"][-1]
             messages.append(f"unknown key '{key}' in {'.'.join(map(str, parent)) or 'recipe'}; valid keys: {', '.join(_valid_keys(parent))}")
         else:
-            messages.append(f"{where}: {error['msg']}")
+            message = error["msg"].removeprefix("Value error, ")
+            messages.append(f"{where}: {message}" if error["loc"] else message)
     return "; ".join(messages)
 
 
@@ -264,16 +140,21 @@ def _valid_keys(loc: tuple) -> list[str]:
     for part in loc:
         if isinstance(part, int):
             continue
-        field = model.model_fields.get(part)
-        if field is None:  # a discriminated union's tag ('awq', 'ngram', ...)
-            tagged = {m.model_fields["method"].default: m for m in (AWQ, SmoothQuant, FP8, DraftModel, NGram)}
-            model = tagged.get(part, model)
+        if isinstance(model, list):  # a discriminated union: this part is its tag ('awq', 'ngram', ...)
+            model = {m.model_fields["method"].default: m for m in model if "method" in m.model_fields}.get(part, model)
             continue
-        annotation = field.annotation
-        candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if len(candidates) == 1:
-            model = candidates[0]
-    return sorted(model.model_fields)
+        field = model.model_fields.get(part)
+        candidates = _models(field.annotation) if field is not None else []
+        if candidates:
+            model = candidates[0] if len(candidates) == 1 else candidates
+    return sorted(model.model_fields) if isinstance(model, type) else []
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation may hold (through Optional, Union and Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _models(arg)]
 
 
 def flag_overrides(
@@ -299,6 +180,6 @@ def flag_overrides(
             raise LlmoptError(f"unknown --speculative value '{speculative}'", "use ngram, draft or draft=MODEL_ID_OR_PATH")
     if compile:
         sections["compilation"] = {}
-    if tensor_parallel:
+    if tensor_parallel is not None:
         sections["sharding"] = {"tensor_parallel_size": tensor_parallel}
     return sections

@@ -1,24 +1,145 @@
-"""The Python SDK: what users import. The CLI and the studio call these functions and nothing else."""
+"""The Python SDK: the whole of what llmopt does, as functions. The CLI and the studio call these
+and nothing else, so a feature exists once, here.
+
+    import llmopt
+    job = llmopt.optimize("smollm2-135m-instruct", "smoothquant")
+    with job.deploy() as endpoint:
+        results = llmopt.evaluate(endpoint=endpoint.name, concurrency=[1, 4])
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Iterator, Literal
 
-from llmopt import artifact, endpoints, serving, sources
+from pydantic import ValidationError
+
+from llmopt import artifact, catalog, compatibility, endpoints, serving, sources
 from llmopt import recipe as recipes
 from llmopt.endpoints import Endpoint
-from llmopt.engine import vllm
+from llmopt.engine import compile_cache, platform, vllm
 from llmopt.engine.config import EngineConfig
-from llmopt.engine.vllm import DEFAULT_HOST
 from llmopt.errors import LlmoptError
-from llmopt.jobs import runner
+from llmopt.evaluation import benchmark, pricing
+from llmopt.evaluation import results as evaluation_results
+from llmopt.evaluation.levels import Events, Plan
+from llmopt.evaluation.results import EvaluationResults
+from llmopt.jobs import runner, store
 from llmopt.jobs.runner import Job
-from llmopt.recipe import Recipe
+from llmopt.jobs.store import JobRecord
+from llmopt.sources import Model
+
+DEFAULT_MODEL = catalog.DEFAULT_MODEL
+DEFAULT_HOST = vllm.DEFAULT_HOST
+DEFAULT_READY_TIMEOUT_S = endpoints.DEFAULT_READY_TIMEOUT_S
+JOB_STATUSES, ENDPOINT_STATUSES, ACTIVE_JOB_STATUSES = store.STATUSES, endpoints.STATUSES, store.ACTIVE
+
+__all__ = [
+    "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
+    "catalog_models", "compatibility_matrix", "deploy", "engine_config", "endpoint_logs", "evaluate", "export_command", "get_endpoint",
+    "get_job", "get_model", "import_model", "job_logs", "list_cache", "list_endpoints", "list_jobs", "list_models",
+    "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
+    "remove_model", "resolve_model", "stop_endpoint", "stop_job",
+]
 
 
-def import_model(spec: str, name: str | None = None) -> sources.Model:
+# -- models -------------------------------------------------------------------------------------
+
+
+def import_model(spec: str, name: str | None = None) -> Model:
     """Import a catalogue id, a Hugging Face folder or a GGUF file into the model store."""
     return sources.import_model(spec, name=name)
+
+
+def resolve_model(spec: str) -> Model:
+    """An imported model by id or store path, or a catalogue id, folder or GGUF file, imported on first use."""
+    return sources.resolve(spec)
+
+
+def list_models() -> list[Model]:
+    return sources.list_models()
+
+
+def catalog_models() -> list[catalog.CatalogModel]:
+    """The models llmopt knows by id (imported on first use)."""
+    return [catalog.get(i) for i in catalog.ids()]
+
+
+def get_model(model_id: str) -> Model:
+    model = sources.get(model_id)
+    if model is None:
+        raise LlmoptError(f"no imported model named '{model_id}'", "see `llmopt models list`")
+    return model
+
+
+def remove_model(model_id: str) -> None:
+    sources.remove(model_id)
+
+
+# -- recipes ------------------------------------------------------------------------------------
+
+
+def list_recipes() -> dict[str, Any]:
+    """The built-in recipes, by name."""
+    return {name: recipes.load(name) for name in recipes.BUILTIN}
+
+
+def load_recipe(spec: str | Path) -> Any:
+    """A built-in recipe by name, or a YAML/JSON recipe file."""
+    return recipes.load(spec)
+
+
+def recipe_from_flags(base: Any, quantize: str | None = None, kv_cache: str | None = None, speculative: str | None = None,
+                      compile: bool = False, tensor_parallel: int | None = None) -> Any:
+    """A recipe with whole sections replaced by the command line's shortcut flags."""
+    flags = recipes.flag_overrides(quantize, kv_cache, speculative, compile, tensor_parallel)
+    return base.merged(flags) if flags else base
+
+
+def recipe_schema() -> dict[str, Any]:
+    return recipes.schema()
+
+
+def compatibility_matrix() -> tuple[compatibility.Row, ...]:
+    return compatibility.matrix()
+
+
+# -- optimize and jobs --------------------------------------------------------------------------
+
+
+def optimize(model: str, recipe: Any = "baseline", name: str | None = None, output: str | None = None,
+             force: bool = False, wait: bool = True) -> Job:
+    """Run a recipe on a model in a background job that writes one self-contained artifact.
+
+    `recipe` is a Recipe, a built-in name, a file, or a dict. The same recipe on the same source
+    reuses the earlier artifact unless `force` is set.
+    """
+    if isinstance(recipe, (str, Path)):
+        recipe = recipes.load(recipe)
+    elif isinstance(recipe, dict):
+        recipe = recipes.parse(recipe)
+    job = runner.create(model, recipe, name=name, output=output, force=force)
+    return job.wait() if wait else job
+
+
+def list_jobs(status: str | None = None, name_contains: str | None = None) -> list[JobRecord]:
+    return store.list_jobs(status, name_contains)
+
+
+def get_job(name: str) -> JobRecord:
+    return store.get(name)
+
+
+def stop_job(name: str) -> JobRecord:
+    return runner.stop(name)
+
+
+def job_logs(name: str, follow: bool = False) -> Iterator[str]:
+    """A job's log lines; with `follow`, as they are written, until the job ends."""
+    return _lines(Path(store.get(name).log_path), follow, lambda: store.get(name).status in store.ACTIVE)
+
+
+# -- deploy and endpoints -----------------------------------------------------------------------
 
 
 def deploy(
@@ -27,41 +148,64 @@ def deploy(
     port: int | None = None,
     host: str = DEFAULT_HOST,
     engine: EngineConfig | None = None,
-    timeout_s: float = endpoints.DEFAULT_READY_TIMEOUT_S,
+    timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+    api_key: str | None = None,
+    insecure: bool = False,
+    trust_remote_code: bool = False,
 ) -> Endpoint:
     """Serve a model or an optimized artifact; returns once the endpoint answers.
 
     `model` is an artifact folder, an imported model, a catalogue id, a Hugging Face folder or a
-    GGUF file (the last three are imported on first use).
+    GGUF file (the last three are imported on first use). With `api_key` every route asks for it
+    (`endpoint.headers` carries it); a host other than loopback needs one, or `insecure`.
     """
-    spec = serving.for_target(model, engine)
-    return endpoints.deploy(spec, name=name, port=port, host=host, timeout_s=timeout_s)
+    return serving.deploy(serving.for_target(model, engine), name=name, port=port, host=host, timeout_s=timeout_s,
+                          api_key=api_key, insecure=insecure, trust_remote_code=trust_remote_code)
 
 
-def optimize(
-    model: str,
-    recipe: Recipe | str | dict = "baseline",
-    name: str | None = None,
-    output: str | None = None,
-    force: bool = False,
-    wait: bool = True,
-) -> Job:
-    """Run a recipe on a model in a background job that writes one self-contained artifact.
+def list_endpoints(status: str | None = None) -> list[Endpoint]:
+    return endpoints.list_endpoints(status)
 
-    The same recipe on the same source reuses the earlier artifact unless `force` is set.
-    """
-    if isinstance(recipe, str):
-        recipe = recipes.load(recipe)
-    elif isinstance(recipe, dict):
-        recipe = recipes.parse(recipe)
-    job = runner.create(model, recipe, name=name, output=output, force=force)
-    return job.wait() if wait else job
+
+def get_endpoint(name: str) -> Endpoint:
+    return endpoints.get(name)
+
+
+def stop_endpoint(name: str) -> Endpoint:
+    return endpoints.stop(name)
+
+
+def endpoint_logs(name: str, follow: bool = False) -> Iterator[str]:
+    """An endpoint's log lines; with `follow`, as they are written, until it stops."""
+    return _lines(Path(endpoints.get(name).log_path), follow, lambda: endpoints.get(name).status in endpoints.LIVE)
 
 
 def export_command(artifact_dir: str, host: str = DEFAULT_HOST, port: int = 8000) -> str:
-    """The plain vLLM command that serves an artifact without llmopt."""
-    spec = artifact.load(Path(artifact_dir)).serving_spec()
-    return vllm.shell_command(vllm.server_argv(spec.model_path, spec.args(), host, port), spec.env)
+    """The plain vLLM command that serves an artifact without llmopt, on this machine."""
+    if not artifact.is_artifact(Path(artifact_dir)):
+        raise LlmoptError(f"'{artifact_dir}' is not an llmopt artifact (no {artifact.MANIFEST})", "pass an artifact folder")
+    spec = serving.for_target(artifact_dir)
+    argv = vllm.server_argv(spec.model_path, spec.engine, spec.served_name, host, port)
+    return vllm.shell_command(argv, vllm.environment(spec.engine, platform.detect()))
+
+
+# -- the compile cache --------------------------------------------------------------------------
+
+
+def list_cache() -> list[compile_cache.EntryInfo]:
+    return [compile_cache.describe(entry) for entry in compile_cache.list_entries()]
+
+
+def prune_cache(older_than_days: float | None = 30.0) -> list[compile_cache.EntryInfo]:
+    """Remove entries unused for this long (every entry when None), never one a live endpoint
+    started from; returns what was removed."""
+    if older_than_days is not None and older_than_days < 0:
+        raise LlmoptError(f"--older-than-days {older_than_days:g} is negative", "pass a number of days, or --all")
+    return compile_cache.prune(None if older_than_days is None else older_than_days * 86400,
+                               keep=endpoints.compile_cache_keys_in_use())
+
+
+# -- evaluate -----------------------------------------------------------------------------------
 
 
 def evaluate(
@@ -84,22 +228,56 @@ def evaluate(
     itl_target_ms: float | None = None,
     timeout_s: float = 300.0,
     seed: int = 0,
-    events=None,
-) -> dict:
+    events: Events | None = None,
+    api_key: str | None = None,
+) -> EvaluationResults:
     """Load-test one target (an endpoint, a URL, or a model/artifact deployed for the run), or
-    compare several models/artifacts deployed in turn; returns the results and writes
-    OUTPUT/results.json and OUTPUT/report.html when `output` is given."""
-    from llmopt.evaluation import benchmark, metrics, pricing
-
-    chosen = [(v, k) for v, k in ((endpoint, "endpoint"), (url, "url"), (model, "model")) if v]
+    compare several models/artifacts deployed in turn; writes OUTPUT/results.json and
+    OUTPUT/report.html when `output` is given. `api_key` is for a --url server that asks for one
+    (llmopt's own endpoints pass theirs)."""
+    chosen: list[tuple[str, Literal["endpoint", "url", "model"]]] = [
+        (v, k) for v, k in ((endpoint, "endpoint"), (url, "url"), (model, "model")) if v  # type: ignore[misc]
+    ]
     if compare:
         chosen += [(item, "model") for item in compare]
     if not chosen or (len(chosen) > 1 and not compare):
         raise LlmoptError("name what to evaluate", "pass exactly one of --endpoint, --url, --model, or --compare A B ...")
-    spec = benchmark.EvaluationSpec(
-        dataset=dataset, concurrency=tuple(concurrency), requests=None if duration_s else requests, duration_s=duration_s,
-        timeout_s=timeout_s, seed=seed, quality=quality, tokenizer=tokenizer,
-        goodput=metrics.GoodputTargets(ttft_target_ms, itl_target_ms),
-    )
+    plan = _plan(dataset=dataset, concurrency=tuple(concurrency), requests=None if duration_s else requests,
+                 duration_s=duration_s, timeout_s=timeout_s, seed=seed,
+                 goodput={"ttft_ms": ttft_target_ms, "itl_ms": itl_target_ms})
     price = pricing.choose(hardware, price_per_hour, discount, Path(hardware_file) if hardware_file else None)
-    return benchmark.run(chosen, spec, price, Path(output) if output else None, events or (lambda *a, **k: None))
+    return benchmark.run(chosen, plan, price, quality, tokenizer, Path(output) if output else None,
+                         events or (lambda *a, **k: None), api_key)
+
+
+def load_results(path: str | Path) -> EvaluationResults:
+    """An evaluation's results.json (a folder holding one, or the file)."""
+    path = Path(path)
+    return evaluation_results.load(path / "results.json" if path.is_dir() else path)
+
+
+def engine_config(**settings: Any) -> EngineConfig:
+    """Engine settings, with a bad value refused in one line."""
+    return _validated(EngineConfig, "engine setting", "see `llmopt deploy --help`", settings)
+
+
+def _plan(**fields: Any) -> Plan:
+    return _validated(Plan, "evaluation setting", "see `llmopt evaluate --help`", fields)
+
+
+def _validated(model: Any, what: str, fix: str, fields: dict[str, Any]) -> Any:
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or what
+        raise LlmoptError(f"bad {what} {where}: {first['msg'].removeprefix('Value error, ')}", fix) from None
+
+
+def _lines(path: Path, follow: bool, alive: Any) -> Iterator[str]:
+    if not path.exists():
+        return iter(())
+    if not follow:
+        return iter(path.read_text(errors="replace").splitlines(keepends=True))
+    return endpoints.follow(path, alive)
+

@@ -1,43 +1,61 @@
-"""What to serve: a model folder with the exact engine flags and environment, from a store model
-or from an optimized artifact's manifest."""
+"""What to serve, and serving it: a model folder with its engine settings, from an optimized
+artifact's manifest or from a store model, deployed as an endpoint that has proven, before it is
+called ready, everything its settings promise."""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from llmopt import artifact, sources
-from llmopt.engine import platform
+from llmopt import artifact, endpoints, names, sources, techniques
+from llmopt.endpoints import Endpoint
+from llmopt.engine import vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
+from llmopt.techniques.base import Running
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServingSpec:
     model_path: str
     model_label: str
-    engine_args: dict[str, object]
-    env: dict[str, str]
-
-    @property
-    def served_name(self) -> str:
-        return str(self.engine_args["served-model-name"])
-
-    def args(self) -> dict[str, object]:
-        return dict(self.engine_args)
+    served_name: str
+    engine: EngineConfig  # with paths located for model_path
 
 
-def for_target(target: str, config: EngineConfig | None = None) -> ServingSpec:
+def for_target(target: str, engine: EngineConfig | None = None) -> ServingSpec:
     """An artifact folder is served exactly as its manifest says; anything else is a model spec."""
-    if artifact.is_artifact(Path(target)):
-        if config is not None:
+    path = Path(target).expanduser()
+    if artifact.is_artifact(path):
+        if engine is not None:
             raise LlmoptError("an artifact carries its own engine settings", "deploy it without engine flags, or optimize again")
-        return artifact.load(Path(target)).serving_spec()
+        root = path.resolve()
+        manifest = artifact.verify(root)
+        return ServingSpec(str(root), manifest.name, manifest.engine.served_name, manifest.located_engine(root))
     model = sources.resolve(target)
-    config = config or EngineConfig()
-    return ServingSpec(
-        model_path=model.path,
-        model_label=model.id,
-        engine_args=config.to_args(served_name=model.id),
-        env=config.to_env(platform.detect()),
-    )
+    return ServingSpec(model.path, model.id, model.id, engine or EngineConfig())
+
+
+def deploy(
+    spec: ServingSpec,
+    name: str | None = None,
+    port: int | None = None,
+    host: str = vllm.DEFAULT_HOST,
+    timeout_s: float = endpoints.DEFAULT_READY_TIMEOUT_S,
+    api_key: str | None = None,
+    insecure: bool = False,
+    trust_remote_code: bool = False,
+) -> Endpoint:
+    """Start an endpoint for `spec`; it is READY once it answers and every technique has verified it.
+    Remote code in a model folder runs only when the caller asks for it (`trust_remote_code`)."""
+    name = name or f"{names.slug(spec.served_name, 'endpoint')[:55]}-{secrets.token_hex(3)}"
+    return endpoints.launch(spec.model_path, spec.model_label, spec.served_name, spec.engine, name, _verify,
+                            port=port, host=host, timeout_s=timeout_s, api_key=api_key, insecure=insecure,
+                            trust_remote_code=trust_remote_code)
+
+
+def _verify(endpoint: Endpoint) -> dict[str, Any]:
+    running = Running(endpoint.url, endpoint.served_name, Path(endpoint.log_path), endpoint.headers)
+    return {section: proof.model_dump(mode="json") for section, proof in techniques.verify(endpoint.engine, running).items()}

@@ -7,23 +7,26 @@ then renamed into place, and only then recorded. A failed import leaves nothing 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import struct
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llmopt import catalog, db, gguf, hashing, paths
+from pydantic import BaseModel
+
+from llmopt import catalog, gguf, hashing, names, paths, procs, records
 from llmopt.errors import LlmoptError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
-@dataclass
-class Model:
+class Model(BaseModel):
+    """An imported model: a Hugging Face folder in the store, identified by its content hash."""
+
     id: str
     path: str
     source: str
@@ -33,37 +36,46 @@ class Model:
     imported_at: float
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self.model_dump(mode="json")
+
+
+MODELS = records.Table("models", Model, key="id", order="id")
 
 
 def list_models() -> list[Model]:
-    with db.connect() as conn:
-        rows = conn.execute("SELECT * FROM models ORDER BY id").fetchall()
-    return [Model(**dict(r)) for r in rows]
+    return MODELS.select()
 
 
 def get(model_id: str) -> Model | None:
-    with db.connect() as conn:
-        row = conn.execute("SELECT * FROM models WHERE id = ?", (model_id,)).fetchone()
-    return Model(**dict(row)) if row else None
+    return MODELS.get(model_id)
 
 
 def remove(model_id: str) -> None:
     model = get(model_id)
     if model is None:
         raise LlmoptError(f"no imported model named '{model_id}'", "see `llmopt models list`")
-    with db.connect() as conn:
-        conn.execute("DELETE FROM models WHERE id = ?", (model_id,))
+    MODELS.delete(model_id)
     shutil.rmtree(model.path, ignore_errors=True)
 
 
 def resolve(spec: str) -> Model:
-    """A model for a user's spec: an imported id, a catalogue id (imported on first use), or a path."""
-    return get(spec) or import_model(spec)
+    """A model for a user's spec: an imported id, a catalogue id (imported on first use), or a path
+    (a folder inside the store means the model stored there)."""
+    return get(spec) or _stored_at(spec) or import_model(spec)
+
+
+def _stored_at(spec: str) -> Model | None:
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return None
+    path = path.resolve()
+    return next((m for m in list_models() if Path(m.path).resolve() == path), None)
 
 
 def import_model(spec: str, name: str | None = None) -> Model:
     """Import a catalogue id, a Hugging Face folder or a GGUF file into the store."""
+    if name is not None:
+        names.check(name, "model")
     if catalog.is_catalog_id(spec):
         model_id = name or spec
         build = lambda tmp: _build_from_catalog(catalog.get(spec), tmp)  # noqa: E731
@@ -74,7 +86,7 @@ def import_model(spec: str, name: str | None = None) -> Model:
             if "/" not in spec and not spec.endswith(".gguf"):
                 catalog.get(spec)
             raise LlmoptError(f"model path '{spec}' does not exist", "check the path")
-        model_id = name or _slug(path.stem if path.is_file() else path.name)
+        model_id = name or names.slug(path.stem if path.is_file() else path.name)
         if path.is_file():
             if path.suffix != ".gguf":
                 raise LlmoptError(
@@ -143,26 +155,40 @@ def _build_from_catalog(entry: catalog.CatalogModel, dest: Path) -> None:
     if len(files) == 1:
         gguf.to_hf_folder(files[0], dest)
         return
-    with tempfile.TemporaryDirectory(dir=paths.models_dir(), prefix=".gguf-") as scratch:
+    with tempfile.TemporaryDirectory(dir=paths.models_dir(), prefix=f".gguf-{os.getpid()}-") as scratch:
         joined = gguf.concatenate(files, Path(scratch) / f"{entry.id}.gguf")
         gguf.to_hf_folder(joined, dest)
 
 
+def _clear_stale(store: Path) -> None:
+    """Temporary folders of imports whose process is gone (killed, say): `.import-<id>-<pid>-*`, `.gguf-<pid>-*`."""
+    for folder in store.glob(".*-*"):
+        pid = _owner(folder.name)
+        if pid is not None and not procs.is_alive(pid, None):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _owner(name: str) -> int | None:
+    match = re.fullmatch(r"\.(?:import-.+|gguf)-(\d+)-[^-]+", name)
+    return int(match.group(1)) if match else None
+
+
 def _atomic_import(model_id: str, source: str, build) -> Model:
     store = paths.models_dir()
+    _clear_stale(store)
     final = store / model_id
     if final.exists():
         raise LlmoptError(
             f"the store already has a folder for '{model_id}' ({final}) with no record",
             f"remove {final} or import under another --name",
         )
-    tmp = Path(tempfile.mkdtemp(dir=store, prefix=f".import-{model_id}-"))
+    tmp = Path(tempfile.mkdtemp(dir=store, prefix=f".import-{model_id}-{os.getpid()}-"))
     try:
         build(tmp)
         config = check_hf_folder(tmp)
         content_hash = hashing.folder_sha256(tmp)
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
-        tmp.chmod(0o755)
+        tmp.chmod(0o700)
         tmp.rename(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -176,13 +202,5 @@ def _atomic_import(model_id: str, source: str, build) -> Model:
         size_bytes=size,
         imported_at=time.time(),
     )
-    with db.connect() as conn:
-        conn.execute(
-            "INSERT INTO models VALUES (:id, :path, :source, :content_hash, :architecture, :size_bytes, :imported_at)",
-            model.to_dict(),
-        )
+    MODELS.insert(model)
     return model
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.") or "model"

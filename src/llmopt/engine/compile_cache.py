@@ -21,48 +21,41 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
+
+from pydantic import BaseModel
 
 from llmopt import hashing, paths
-from llmopt.engine import platform
+from llmopt.engine import platform, vllm
+from llmopt.engine.config import EngineConfig
 
-SCHEMA = 1
+SCHEMA = 2
 KEY_FILE = "key.json"
 LOCK_FILE = ".lock"
 STARTING_FILE = ".starting"  # present while a start that may compile is under way
 ARTIFACT_DIR = "compile-cache"  # an artifact's own copy of its entry
-# Engine flags that do not change compiled code.
-IRRELEVANT_ARGS = ("served-model-name", "seed")
-_weights_memo: dict[tuple[str, int, int], str] = {}
-
-
+# Settings that do not change compiled code: sampling, memory, and where processes and threads run.
+IRRELEVANT_SETTINGS = frozenset({"seed", "kv_cache_gib", "reserved_cpus", "preload", "executor"})
 def weights_hash(model_path: str | Path) -> str:
     """The weights and config of a model folder (quantization lives in both)."""
     root = Path(model_path)
     files = sorted(p for p in root.iterdir() if p.suffix == ".safetensors" or p.name == "config.json")
-    parts = []
-    for path in files:
-        stat = path.stat()
-        memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-        if memo not in _weights_memo:
-            _weights_memo[memo] = hashing.file_sha256(path)
-        parts.append([path.name, _weights_memo[memo]])
-    return hashing.json_sha256(parts)
+    return hashing.json_sha256([[path.name, hashing.remembered_sha256(path)] for path in files])
 
 
-def components(model_path: str | Path, args: dict[str, object], hw: platform.Hardware, engine: tuple[str, str],
+def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardware, engine: tuple[str, str],
                torch_version: str) -> dict[str, Any]:
     """Everything a compiled artifact depends on: the weights (and so the quantization), the
-    engine flags that shape the graphs (lengths, batch, dtypes, tensor parallelism, speculation),
-    the engine and torch versions, and the CPU flags or GPU kind."""
-    relevant = {k: v for k, v in args.items() if k not in IRRELEVANT_ARGS}
-    spec = relevant.get("speculative-config")
-    if isinstance(spec, dict) and spec.get("model"):
-        relevant["speculative-config"] = {**spec, "model": weights_hash(Path(str(spec["model"])))}
+    settings that shape the graphs (lengths, batch, dtypes, tensor parallelism, speculation),
+    the engine and torch versions, and the CPU flags or GPU kind. `config` has its paths located."""
+    relevant = config.model_dump(mode="json", exclude=set(IRRELEVANT_SETTINGS))
+    spec = relevant.get("speculative")
+    if spec and spec.get("model"):
+        relevant["speculative"] = {**spec, "model": weights_hash(Path(spec["model"]))}
     return {
         "schema": SCHEMA,
         "weights": weights_hash(model_path),
-        "engine_args": relevant,
+        "settings": relevant,
         "engine": list(engine),
         "torch": torch_version,
         "device": hw.device,
@@ -73,6 +66,17 @@ def components(model_path: str | Path, args: dict[str, object], hw: platform.Har
 
 def key_of(parts: dict[str, Any]) -> str:
     return hashing.json_sha256(parts)
+
+
+class Start(BaseModel):
+    """One engine start against a compile-cache entry: served from the cache, or compiled."""
+
+    key: str
+    outcome: Literal["precompiled", "compiled", "partly compiled"]
+    compiled_files_added: int
+    ready_seconds: float
+    cold_ready_seconds: float | None = None  # the entry's first, compiling start
+    discarded_interrupted_compile_files: int = 0
 
 
 @dataclass
@@ -128,7 +132,7 @@ class Watch:
         marker.write_text(str(os.getpid()))
         self.before = entry.compiled_files()
 
-    def ready(self, ready_seconds: float) -> dict[str, Any]:
+    def ready(self, ready_seconds: float) -> "Start":
         """The engine answered: what it compiled is whole. Lets the next start of this key go."""
         added = len(self.entry.compiled_files() - self.before)
         if not self.before:
@@ -136,11 +140,9 @@ class Watch:
         (self.entry.path / STARTING_FILE).unlink(missing_ok=True)
         self.close()
         outcome = "precompiled" if self.before and not added else "compiled" if not self.before else "partly compiled"
-        result = {"key": self.entry.key, "outcome": outcome, "compiled_files_added": added,
-                  "ready_seconds": ready_seconds, "cold_ready_seconds": self.entry.meta.get("cold_ready_seconds")}
-        if self.discarded:
-            result["discarded_interrupted_compile_files"] = self.discarded
-        return result
+        return Start(key=self.entry.key, outcome=outcome, compiled_files_added=added, ready_seconds=ready_seconds,
+                     cold_ready_seconds=self.entry.meta.get("cold_ready_seconds"),
+                     discarded_interrupted_compile_files=self.discarded)
 
     def __enter__(self) -> "Watch":
         return self
@@ -166,13 +168,10 @@ def root() -> Path:
     return folder
 
 
-def entry_for(model_path: str | Path, args: dict[str, object], hw: platform.Hardware | None = None) -> Entry:
+def entry_for(model_path: str | Path, config: EngineConfig, hw: platform.Hardware) -> Entry:
     """The entry for this start, created empty when new, or seeded from the artifact's own copy
     when the artifact was compiled for exactly this key (another machine's cache, say)."""
-    from llmopt.engine import vllm
-
-    hw = hw or platform.detect()
-    parts = components(model_path, args, hw, vllm.engine_name_version(), platform.torch_version())
+    parts = components(model_path, config, hw, vllm.engine_name_version(), platform.torch_version())
     key = key_of(parts)
     path = root() / key
     if not (path / KEY_FILE).is_file():
@@ -197,6 +196,27 @@ def export(entry: Entry, dest: Path) -> None:
     shutil.copytree(entry.path, dest, ignore=shutil.ignore_patterns("locks", LOCK_FILE, STARTING_FILE))
 
 
+class EntryInfo(BaseModel):
+    """An entry as `llmopt cache list` shows it."""
+
+    key: str
+    weights: str
+    max_model_len: int | None
+    max_num_seqs: int | None
+    engine: str
+    size_bytes: int
+    cold_ready_seconds: float | None
+    last_used: float
+
+
+def describe(entry: Entry) -> EntryInfo:
+    settings = entry.components.get("settings", {})
+    return EntryInfo(key=entry.key, weights=entry.components.get("weights", ""), max_model_len=settings.get("max_model_len"),
+                     max_num_seqs=settings.get("max_num_seqs"), engine=" ".join(entry.components.get("engine", [])),
+                     size_bytes=entry.size_bytes(), cold_ready_seconds=entry.meta.get("cold_ready_seconds"),
+                     last_used=(entry.path / KEY_FILE).stat().st_mtime)
+
+
 def list_entries() -> list[Entry]:
     found = []
     for path in sorted(root().iterdir()):
@@ -206,9 +226,9 @@ def list_entries() -> list[Entry]:
     return found
 
 
-def prune(older_than_s: float | None = None, keep: frozenset[str] = frozenset()) -> list[tuple[Entry, int]]:
+def prune(older_than_s: float | None = None, keep: frozenset[str] = frozenset()) -> list[EntryInfo]:
     """Remove entries unused for `older_than_s` (every entry when None), except `keep`; returns
-    what was removed with the bytes freed."""
+    what was removed."""
     removed = []
     now = time.time()
     for entry in list_entries():
@@ -216,9 +236,8 @@ def prune(older_than_s: float | None = None, keep: frozenset[str] = frozenset())
             continue
         if older_than_s is not None and now - (entry.path / KEY_FILE).stat().st_mtime < older_than_s:
             continue
-        size = entry.size_bytes()
+        removed.append(describe(entry))
         shutil.rmtree(entry.path)
-        removed.append((entry, size))
     return removed
 
 

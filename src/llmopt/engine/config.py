@@ -1,68 +1,105 @@
-"""Every engine knob llmopt sets, typed and validated in one place, and how each maps onto vLLM.
+"""Every engine knob llmopt sets, typed and validated in one place, like vLLM's own `vllm/config/`.
 
-A manifest stores the resulting flags and environment verbatim, so an artifact is served the same
-way by `llmopt deploy` and by the exported plain `python -m vllm...` command.
+Manifests and endpoint records store these settings, never flags: `engine/vllm.py` alone turns
+them into vLLM's command line and environment, on the machine that serves them. So a manifest can
+only ask for what these models allow, and machine-specific values (where a library lives, how many
+threads to run) are worked out where the model is served.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llmopt.engine import platform
+MAX_BATCH = 65536  # the end of the last range of a speculation schedule; vLLM caps it at max_num_seqs
 
 
-class EngineConfig(BaseModel):
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BatchTokens(_Settings):
+    """Speculative tokens proposed while the batch holds `first` to `last` sequences."""
+
+    first: int = Field(gt=0)
+    last: int = Field(gt=0)
+    tokens: int = Field(ge=0)
+
+
+class SpeculativeConfig(_Settings):
+    """Speculative decoding (vLLM's `speculative_config`): n-gram prompt lookup or a draft model."""
+
+    method: Literal["ngram", "draft_model"]
+    num_speculative_tokens: int = Field(gt=0, le=16)
+    model: str | None = Field(None, description="The draft's folder; inside an artifact, relative to it ('./draft').")
+    prompt_lookup_min: int | None = Field(None, gt=0)
+    prompt_lookup_max: int | None = Field(None, gt=0)
+    schedule: tuple[BatchTokens, ...] | None = Field(
+        None, description="Tokens proposed per batch size (vLLM's dynamic speculation); unset: always k."
+    )
+
+    @model_validator(mode="after")
+    def _complete(self) -> "SpeculativeConfig":
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("a draft_model speculative config needs the draft's folder (model)")
+        if self.method == "ngram" and (self.prompt_lookup_min is None or self.prompt_lookup_max is None):
+            raise ValueError("an ngram speculative config needs prompt_lookup_min and prompt_lookup_max")
+        return self
+
+    def disabled_above(self, batch: int) -> "SpeculativeConfig":
+        """k tokens up to `batch` sequences, none above: no drafts where speculation stops paying."""
+        k = self.num_speculative_tokens
+        return self.model_copy(update={"schedule": (BatchTokens(first=1, last=batch, tokens=k),
+                                                    BatchTokens(first=batch + 1, last=MAX_BATCH, tokens=0))})
+
+    @property
+    def disabled_above_batch(self) -> int | None:
+        """The batch size above which no drafts are proposed, when the schedule says so."""
+        if self.schedule and len(self.schedule) == 2 and self.schedule[1].tokens == 0 and self.schedule[0].tokens:
+            return self.schedule[0].last
+        return None
+
+
+class CompilationConfig(_Settings):
+    """How the engine runs the model's graph: compiled with torch.compile (kept in llmopt's compile
+    cache), or eagerly (no compile at start, slower steps)."""
+
+    mode: Literal["compiled", "eager"] = "compiled"
+
+
+class EngineConfig(_Settings):
     """Engine settings for one served model."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    max_model_len: int = Field(4096, gt=0, description="Longest prompt plus output, in tokens.")
-    max_num_seqs: int | None = Field(None, gt=0, description="Most sequences batched at once (vLLM's default if unset).")
-    dtype: str = Field("bfloat16", description="Activation and unquantized-weight dtype.")
-    kv_cache_gib: int = Field(2, gt=0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
-    kv_cache_dtype: str | None = Field(None, description="KV cache dtype, e.g. fp8 (e4m3) or fp8_e5m2.")
-    reserved_cpus: int | None = Field(
-        None, ge=0, description="Cores vLLM reserves for its front end on CPU; unset: chosen from the machine."
+    max_model_len: int = Field(4096, gt=0, le=1 << 24, description="Longest prompt plus output, in tokens.")
+    max_num_seqs: int | None = Field(None, gt=0, le=4096, description="Most sequences batched at once (vLLM's default if unset).")
+    max_num_batched_tokens: int | None = Field(
+        None, gt=0, le=1 << 20, description="Tokens scheduled per step: the chunked-prefill budget (vLLM's default if unset)."
     )
-    preload: bool = Field(True, description="Preload tcmalloc and Intel OpenMP on CPU (LD_PRELOAD).")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Activation and unquantized-weight dtype.")
+    kv_cache_gib: int = Field(2, gt=0, le=4096, description="KV cache size on CPU, GiB.")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(None, description="KV cache dtype.")
+    reserved_cpus: int | None = Field(
+        None, ge=0, le=1024, description="Cores vLLM reserves for its front end on CPU; unset: chosen from the machine."
+    )
+    preload: bool = Field(True, description="Preload tcmalloc and Intel OpenMP on CPU, found where the model is served.")
     executor: Literal["uni", "mp"] | None = Field(
         None,
         description="On CPU, where the model runs: 'uni' in vLLM's engine-core process, 'mp' in a worker process "
         "of its own (vLLM's CPU default); unset: chosen from the machine (uni up to 4 cores).",
     )
-    tensor_parallel_size: int = Field(1, gt=0, description="Devices to shard the model over.")
-    speculative_config: dict[str, Any] | None = Field(None, description="vLLM's --speculative-config.")
-    compilation_config: dict[str, Any] | None = Field(None, description="vLLM's --compilation-config.")
-    seed: int = Field(0, description="Engine sampling seed.")
+    tensor_parallel_size: int = Field(1, gt=0, le=1024, description="Devices to shard the model over.")
+    speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding.")
+    compilation: CompilationConfig = Field(default_factory=CompilationConfig, description="Graph compilation.")
+    seed: int = Field(0, ge=0, description="Engine sampling seed.")
 
     @model_validator(mode="after")
-    def _one_process_for_one_device(self) -> "EngineConfig":
+    def _consistent(self) -> "EngineConfig":
         if self.executor == "uni" and self.tensor_parallel_size > 1:
             raise ValueError("executor 'uni' runs one model shard; with tensor_parallel_size > 1 use 'mp' or leave it unset")
+        if self.max_num_batched_tokens is not None and self.max_num_seqs is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_num_seqs "
+                             f"({self.max_num_seqs}); every batched sequence needs a token per step")
+        if self.speculative and self.speculative.num_speculative_tokens >= self.max_model_len:
+            raise ValueError("speculative num_speculative_tokens must be smaller than max_model_len")
         return self
-
-    def to_args(self, served_name: str) -> dict[str, object]:
-        """vLLM server flags (without dashes), in a stable order."""
-        args: dict[str, object] = {
-            "served-model-name": served_name,
-            "dtype": self.dtype,
-            "max-model-len": self.max_model_len,
-            "seed": self.seed,
-        }
-        if self.max_num_seqs is not None:
-            args["max-num-seqs"] = self.max_num_seqs
-        if self.kv_cache_dtype:
-            args["kv-cache-dtype"] = self.kv_cache_dtype
-        if self.tensor_parallel_size != 1:
-            args["tensor-parallel-size"] = self.tensor_parallel_size
-        if self.speculative_config:
-            args["speculative-config"] = self.speculative_config
-        if self.compilation_config:
-            args["compilation-config"] = self.compilation_config
-        return args
-
-    def to_env(self, hw: platform.Hardware) -> dict[str, str]:
-        executor = self.executor if self.tensor_parallel_size == 1 else "mp"
-        return platform.engine_env(hw, self.kv_cache_gib, self.reserved_cpus, self.preload, executor)

@@ -7,6 +7,7 @@ SageMaker toolkit's users found speculation silently off, and llmopt checks it e
 from __future__ import annotations
 
 import httpx
+from pydantic import BaseModel
 
 from llmopt.errors import LlmoptError
 
@@ -40,42 +41,46 @@ def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
-def speculative(counters: dict[str, float]) -> dict[str, float] | None:
+class SpeculationStats(BaseModel):
     """Acceptance rate = accepted / draft tokens; mean accepted length = 1 + accepted / drafts."""
+
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+    acceptance_rate: float
+    mean_accepted_length: float
+
+
+def speculative(counters: dict[str, float]) -> SpeculationStats | None:
     drafts = counters.get("vllm:spec_decode_num_drafts", 0.0)
     draft_tokens = counters.get("vllm:spec_decode_num_draft_tokens", 0.0)
     accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0.0)
     if not drafts or not draft_tokens:
         return None
-    return {
-        "drafts": drafts,
-        "draft_tokens": draft_tokens,
-        "accepted_tokens": accepted,
-        "acceptance_rate": accepted / draft_tokens,
-        "mean_accepted_length": 1 + accepted / drafts,
-    }
+    return SpeculationStats(drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
+                            acceptance_rate=accepted / draft_tokens, mean_accepted_length=1 + accepted / drafts)
 
 
-def scrape(url: str) -> dict[str, float]:
-    response = httpx.get(f"{url}/metrics", timeout=10)
+def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
+    response = httpx.get(f"{url}/metrics", timeout=10, headers=headers)
     response.raise_for_status()
     return parse(response.text)
 
 
-def verify_speculation(url: str, served_name: str) -> dict[str, float]:
+def verify_speculation(url: str, served_name: str, headers: dict[str, str] | None = None) -> SpeculationStats:
     """Send a probe request and require the engine to have proposed and accepted drafts for it."""
-    before = scrape(url)
+    before = scrape(url, headers)
     body = {"model": served_name, "prompt": PROBE_PROMPT, "max_tokens": 48, "temperature": 0}
-    httpx.post(f"{url}/v1/completions", json=body, timeout=300).raise_for_status()
-    stats = speculative(delta(before, scrape(url)))
+    httpx.post(f"{url}/v1/completions", json=body, timeout=300, headers=headers).raise_for_status()
+    stats = speculative(delta(before, scrape(url, headers)))
     if stats is None:
         raise LlmoptError(
             "speculative decoding is configured but the engine proposed no drafts for a probe request",
             "check the engine log; redeploy without speculation if this engine cannot run it",
         )
-    if stats["accepted_tokens"] <= 0:
+    if stats.accepted_tokens <= 0:
         raise LlmoptError(
-            f"speculative decoding proposed {stats['draft_tokens']:.0f} draft tokens and accepted none",
+            f"speculative decoding proposed {stats.draft_tokens:.0f} draft tokens and accepted none",
             "the draft does not match the target; use the recommended draft or ngram",
         )
     return stats

@@ -6,7 +6,7 @@ It also wants tcmalloc and Intel OpenMP preloaded. And it runs the model in a wo
 own, which busy-waits against the engine-core process at every step: on two cores that contention
 cost plain decoding 1.39x (benchmarks/engine_cpu_settings.py) and speculation more, so on small
 machines the model runs inside the engine-core process instead. These are chosen here, from
-the machine, and recorded in every endpoint record and manifest.
+the machine the model is served on; `vllm.environment` turns them into vLLM's environment.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import platform as std_platform
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
 
 TCMALLOC_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
@@ -25,9 +26,10 @@ TCMALLOC_CANDIDATES = (
 )
 
 
-@dataclass(frozen=True)
-class Hardware:
+class Hardware(BaseModel):
     """The machine an engine runs or a model was built on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     device: str  # "cpu" or "cuda"
     cpu_model: str
@@ -36,9 +38,6 @@ class Hardware:
     cpu_flags: tuple[str, ...]
     gpu: str | None
     gpu_count: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def detect() -> Hardware:
@@ -91,30 +90,6 @@ def preload_libraries() -> list[str]:
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
     libs.append(str(iomp) if iomp.exists() else None)
     return [lib for lib in libs if lib]
-
-
-def engine_env(
-    hw: Hardware, kv_cache_gib: int, reserved_cpus: int | None, preload: bool = True, executor: str | None = None
-) -> dict[str, str]:
-    """The environment variables vLLM needs on this machine."""
-    if hw.device != "cpu":
-        return {}
-    reserved = default_reserved_cpus(hw) if reserved_cpus is None else reserved_cpus
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": str(reserved)}
-    libraries = preload_libraries() if preload else []
-    if libraries:
-        env["LD_PRELOAD"] = ":".join(libraries)
-    if (executor or default_executor(hw)) == "uni":
-        # vLLM's CPU platform switches to its worker-process executor unless multiprocessing is off;
-        # the API server still runs the engine core in a process of its own. Without that worker,
-        # vLLM no longer sets OpenMP's threads, so they are set as it would, minus the core pinning
-        # (pinned with vLLM's KMP_AFFINITY, decoding ran 3x slower here).
-        env |= {
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "OMP_NUM_THREADS": str(max(1, hw.cores - reserved)),
-            "KMP_BLOCKTIME": "5",
-        }
-    return env
 
 
 def default_reserved_cpus(hw: Hardware) -> int:

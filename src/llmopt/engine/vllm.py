@@ -1,4 +1,5 @@
-"""vLLM's OpenAI-compatible server as a subprocess: its command line, start, readiness and stop.
+"""vLLM itself: its command line and environment rendered from typed settings, its server as a
+subprocess (start, readiness, stop), and what its log says.
 
 The server runs in a session of its own, writing to a log file, so it outlives the command that
 started it (`llmopt deploy` returns while the endpoint keeps serving) and can be stopped with all
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import errno
 import importlib.metadata as md
+import ipaddress
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -22,11 +25,33 @@ from pathlib import Path
 import httpx
 
 from llmopt import procs
+from llmopt.engine import guard, platform
+from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEFAULT_HOST = "127.0.0.1"
 LOG_TAIL_LINES = 25
+ARTIFACT_RELATIVE = "./"  # a path in settings that lies inside the artifact being served
+KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)$", re.MULTILINE)
+CHUNK_BUDGET_LINE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+# Every flag llmopt renders, by the setting it comes from. Nothing else reaches vLLM's command line.
+FLAGS = {
+    "served_name": "--served-model-name",
+    "dtype": "--dtype",
+    "max_model_len": "--max-model-len",
+    "seed": "--seed",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "speculative": "--speculative-config",
+    "compilation": "--compilation-config",
+    "trust_remote_code": "--trust-remote-code",
+    "chat_template": "--chat-template",
+    "guard": "--middleware",
+}
+GUARD = "llmopt.engine.guard.Guard"  # every route behind the API key, not only vLLM's /v1
 
 
 def engine_name_version() -> tuple[str, str]:
@@ -39,26 +64,132 @@ def engine_name_version() -> tuple[str, str]:
     raise LlmoptError("vLLM is not installed", "run `bash scripts/install.sh` (CPU) or `pip install -e .[gpu]`")
 
 
-def server_argv(model_path: str, args: dict[str, object], host: str, port: int) -> list[str]:
-    """The full command that serves `model_path`; `args` are vLLM flags without the leading dashes."""
-    argv = [sys.executable, "-m", SERVER_MODULE, "--model", model_path, "--host", host, "--port", str(port)]
-    for key, value in args.items():
-        flag = f"--{key}"
-        if value is True:
-            argv.append(flag)
-        elif value is False or value is None:
+def relative(path: Path, root: Path) -> str:
+    """How settings name a file inside an artifact, wherever the artifact is later moved."""
+    return ARTIFACT_RELATIVE + path.relative_to(root).as_posix()
+
+
+def located(config: EngineConfig, root: Path) -> EngineConfig:
+    """Settings with the artifact-relative paths in them resolved against where the artifact lies."""
+    spec = config.speculative
+    if spec is None or not spec.model or not spec.model.startswith(ARTIFACT_RELATIVE):
+        return config
+    draft = root / spec.model[len(ARTIFACT_RELATIVE):]
+    return config.model_copy(update={"speculative": spec.model_copy(update={"model": str(draft)})})
+
+
+def speculative_config(config: EngineConfig) -> dict[str, object] | None:
+    """vLLM's --speculative-config JSON for the typed settings."""
+    spec = config.speculative
+    if spec is None:
+        return None
+    rendered: dict[str, object] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+    if spec.method == "draft_model":
+        rendered["model"] = spec.model
+    else:
+        rendered.update(prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max)
+    if spec.schedule:
+        rendered["num_speculative_tokens_per_batch_size"] = [[b.first, b.last, b.tokens] for b in spec.schedule]
+    return rendered
+
+
+def flags(config: EngineConfig, served_name: str, trust_remote_code: bool = False,
+          chat_template: str | None = None, guarded: bool = False) -> list[str]:
+    """vLLM server flags for the settings, in a stable order."""
+    values: dict[str, object] = {
+        "served_name": served_name,
+        "dtype": config.dtype,
+        "max_model_len": config.max_model_len,
+        "seed": config.seed,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "kv_cache_dtype": config.kv_cache_dtype,
+        "tensor_parallel_size": config.tensor_parallel_size if config.tensor_parallel_size != 1 else None,
+        "speculative": speculative_config(config),
+        "compilation": {"mode": 0} if config.compilation.mode == "eager" else None,
+        "trust_remote_code": trust_remote_code,
+        "chat_template": chat_template,
+        "guard": GUARD if guarded else None,
+    }
+    argv: list[str] = []
+    for name, value in values.items():
+        if value is None or value is False:
             continue
-        elif isinstance(value, (dict, list)):
-            argv += [flag, json.dumps(value)]
+        if value is True:
+            argv.append(FLAGS[name])
         else:
-            argv += [flag, str(value)]
+            argv += [FLAGS[name], json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
     return argv
+
+
+def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
+    """The environment vLLM needs on this machine, for these settings."""
+    if hw.device != "cpu":
+        return {}
+    reserved = platform.default_reserved_cpus(hw) if config.reserved_cpus is None else config.reserved_cpus
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": str(reserved)}
+    libraries = platform.preload_libraries() if config.preload else []
+    if libraries:
+        env["LD_PRELOAD"] = ":".join(libraries)
+    executor = config.executor if config.tensor_parallel_size == 1 else "mp"
+    if (executor or platform.default_executor(hw)) == "uni":
+        # vLLM's CPU platform switches to its worker-process executor unless multiprocessing is off;
+        # the API server still runs the engine core in a process of its own. Without that worker,
+        # vLLM no longer sets OpenMP's threads, so they are set as it would, minus the core pinning
+        # (pinned with vLLM's KMP_AFFINITY, decoding ran 3x slower here).
+        env |= {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "OMP_NUM_THREADS": str(max(1, hw.cores - reserved)),
+            "KMP_BLOCKTIME": "5",
+        }
+    return env
+
+
+def server_argv(model_path: str, config: EngineConfig, served_name: str, host: str, port: int,
+                trust_remote_code: bool = False, chat_template: str | None = None, guarded: bool = False) -> list[str]:
+    """The full command that serves `model_path`; `guarded` puts every route behind the API key
+    the server finds in its environment (`secret_env`)."""
+    return [sys.executable, "-m", SERVER_MODULE, "--model", model_path, "--host", host, "--port", str(port),
+            *flags(config, served_name, trust_remote_code, chat_template, guarded)]
+
+
+def secret_env(api_key: str | None) -> dict[str, str]:
+    """How the API key reaches the server: in its environment, never on a command line or in a log."""
+    return {guard.API_KEY_ENV: api_key} if api_key else {}
+
+
+def check_address(host: str, port: int | None) -> None:
+    """An address to bind: an IP address or a name that resolves, and a port from 1 to 65535."""
+    if port is not None and not 0 < port < 65536:
+        raise LlmoptError(f"port {port} is not a TCP port", "pass a port from 1 to 65535, or omit --port to pick a free one")
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError, ValueError):
+        raise LlmoptError(f"host '{host}' is not an address this machine can bind", "pass an IP address such as 127.0.0.1") from None
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+    except (socket.gaierror, ValueError):
+        return False
 
 
 def shell_command(argv: list[str], env: dict[str, str]) -> str:
     """A copy-pasteable command line: the environment assignments, then the server command."""
-    assignments = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    assignments = [f"{shlex.quote(k)}={shlex.quote(v)}" for k, v in sorted(env.items())]
     return " ".join([*assignments, *(shlex.quote(a) for a in ["python", *argv[1:]])])
+
+
+def kernels(log_text: str) -> dict[str, str]:
+    """The linear kernel vLLM chose per layer type, from its log."""
+    return {layer: kernel for kernel, layer in KERNEL_LINE.findall(log_text)}
+
+
+def chunked_prefill_budget(log_text: str) -> int | None:
+    """The tokens per step vLLM says it schedules with chunked prefill, from its log."""
+    found = CHUNK_BUDGET_LINE.findall(log_text)
+    return int(found[-1]) if found else None
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
@@ -99,10 +230,10 @@ class ServerProcess:
             return False
         return procs.is_alive(self.pid, self.create_time)
 
-    def wait_ready(self, timeout_s: float) -> float:
+    def wait_ready(self, timeout_s: float, headers: dict[str, str] | None = None) -> float:
         """Poll /health until it answers 200. Returns the seconds waited."""
         start = time.monotonic()
-        with httpx.Client(timeout=5) as client:
+        with httpx.Client(timeout=5, headers=headers) as client:
             while time.monotonic() - start < timeout_s:
                 if not self.alive():
                     raise LlmoptError(
@@ -132,20 +263,13 @@ class ServerProcess:
                 pass
 
 
-def start_server(
-    model_path: str,
-    args: dict[str, object],
-    env: dict[str, str],
-    log_path: Path,
-    host: str,
-    port: int,
-    own_session: bool = True,
-) -> ServerProcess:
+def start_server(argv: list[str], env: dict[str, str], log_path: Path, host: str, port: int,
+                 own_session: bool = True, secret_env: dict[str, str] | None = None) -> ServerProcess:
     """Start the server. With `own_session=False` it stays in the caller's process group, so
-    stopping the caller (a job's worker) stops the engine too."""
-    argv = server_argv(model_path, args, host, port)
+    stopping the caller (a job's worker) stops the engine too. `secret_env` reaches the process
+    but not its log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
+    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         log.write(f"$ {shell_command(argv, env)}\n".encode())
         log.flush()
         popen = subprocess.Popen(
@@ -153,7 +277,7 @@ def start_server(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
+            env={**os.environ, **env, **(secret_env or {})},
             start_new_session=own_session,
         )
     return ServerProcess(popen.pid, procs.create_time(popen.pid), host, port, log_path, popen)

@@ -80,6 +80,7 @@ def request_body(model: str, request: Request, workload: Workload) -> dict:
 
 
 async def _send(session: aiohttp.ClientSession, url: str, body: dict, index: int, timeout_s: float) -> RequestRecord:
+    """One streamed chat completion, timed chunk by chunk."""
     record = RequestRecord(index=index, started=time.perf_counter())
     parts: list[str] = []
     try:
@@ -131,10 +132,10 @@ async def _reachable(session: aiohttp.ClientSession, url: str) -> bool:
 
 
 async def run_level(url: str, model: str, workload: Workload, concurrency: int, settings: RunSettings,
-                    on_done=None) -> LevelRun:
+                    headers: dict[str, str], on_done=None) -> LevelRun:
     """Warm up, then keep `concurrency` requests in flight until the level's count or time is used."""
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
         warmup = settings.warmup_requests if settings.warmup_requests is not None else concurrency
         if warmup:
             await asyncio.gather(*(_send(session, url, request_body(model, r, workload), -1, settings.timeout_s)

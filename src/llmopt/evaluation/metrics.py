@@ -15,36 +15,30 @@ Tokens are counted with the model's tokenizer; the server's own usage counts are
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from llmopt.engine import metrics as engine_metrics
 from llmopt.evaluation import pricing, quality
 from llmopt.evaluation.loadgen import LevelRun
+from llmopt.evaluation.results import (
+    Accuracy, Goodput, GoodputTargets, Level, PerRequest, Prices, Samples, Stats, TokenCounts,
+)
 from llmopt.evaluation.tokens import TokenCounter
 
 PERCENTILES = (50, 90, 99)
 
 
-@dataclass(frozen=True)
-class GoodputTargets:
-    ttft_ms: float | None = None
-    itl_ms: float | None = None  # applied to each request's time per output token
-
-
-def stats(values: list[float]) -> dict[str, float] | None:
+def stats(values: list[float]) -> Stats | None:
     if not values:
         return None
     array = np.asarray(values, dtype=float)
-    out = {"mean": float(array.mean()), "min": float(array.min()), "max": float(array.max())}
-    out.update({f"p{p}": float(np.percentile(array, p)) for p in PERCENTILES})
-    return out
+    p50, p90, p99 = (float(np.percentile(array, p)) for p in PERCENTILES)
+    return Stats(mean=float(array.mean()), min=float(array.min()), max=float(array.max()), p50=p50, p90=p90, p99=p99)
 
 
 def compute(run: LevelRun, counter: TokenCounter | None, price: pricing.HardwareProfile,
-            targets: GoodputTargets = GoodputTargets()) -> dict[str, Any]:
+            targets: GoodputTargets = GoodputTargets()) -> Level:
     records = run.records
     ok = [r for r in records if r.error is None]
     tokenizer_failures = 0
@@ -89,46 +83,35 @@ def compute(run: LevelRun, counter: TokenCounter | None, price: pricing.Hardware
     output_tps = sum(output_tokens) / duration
     hourly = price.effective_price_per_hour
     errors = Counter(r.error for r in records if r.error)
-    return {
-        "concurrency": run.concurrency,
-        "duration_s": duration,
-        "aborted": run.aborted,
-        "invocations": len(records),
-        "invocation_errors": len(records) - len(ok),
-        "errors": dict(errors.most_common(10)),
-        "tokenizer_failures": tokenizer_failures,
-        "empty_responses": empty,
-        "ttft_ms": stats(ttft_ms),
-        "itl_ms": stats(itl_ms),
-        "tpot_ms": stats(tpot_ms),
-        "latency_ms": stats(latency_ms),
-        "input_tokens_per_s": input_tps,
-        "output_tokens_per_s": output_tps,
-        "request_throughput_per_s": len(ok) / duration,
-        "per_request": {
-            "input_tokens": stats(input_tokens),
-            "output_tokens": stats(output_tokens),
-            "input_tokens_per_s": stats(in_tps),
-            "output_tokens_per_s": stats(out_tps),
-        },
-        "server_counted_tokens": {
-            "input": sum(r.usage_prompt_tokens or 0 for r in ok),
-            "output": sum(r.usage_completion_tokens or 0 for r in ok),
-        },
-        "price": {
-            "per_million_input_tokens": pricing.per_million(hourly, input_tps),
-            "per_million_output_tokens": pricing.per_million(hourly, output_tps),
-            "blended_per_million_tokens": pricing.blended_per_million(hourly, input_tps + output_tps),
-        },
-        "goodput": {
-            "targets": {"ttft_ms": targets.ttft_ms, "itl_ms": targets.itl_ms},
-            "requests_per_s": good / duration,
-            "fraction": good / len(records) if records else 0.0,
-        },
-        "samples": {"ttft_ms": _thin(ttft_ms), "itl_ms": _thin(itl_ms)},
-        "accuracy": {"correct": correct, "answered": answered, "rate": correct / answered} if answered else None,
-        "speculative": engine_metrics.speculative(run.engine_counters),
-    }
+    return Level(
+        concurrency=run.concurrency,
+        duration_s=duration,
+        aborted=run.aborted,
+        invocations=len(records),
+        invocation_errors=len(records) - len(ok),
+        errors=dict(errors.most_common(10)),
+        tokenizer_failures=tokenizer_failures,
+        empty_responses=empty,
+        ttft_ms=stats(ttft_ms),
+        itl_ms=stats(itl_ms),
+        tpot_ms=stats(tpot_ms),
+        latency_ms=stats(latency_ms),
+        input_tokens_per_s=input_tps,
+        output_tokens_per_s=output_tps,
+        request_throughput_per_s=len(ok) / duration,
+        per_request=PerRequest(input_tokens=stats(input_tokens), output_tokens=stats(output_tokens),
+                               input_tokens_per_s=stats(in_tps), output_tokens_per_s=stats(out_tps)),
+        server_counted_tokens=TokenCounts(input=sum(r.usage_prompt_tokens or 0 for r in ok),
+                                          output=sum(r.usage_completion_tokens or 0 for r in ok)),
+        price=Prices(per_million_input_tokens=pricing.per_million(hourly, input_tps),
+                     per_million_output_tokens=pricing.per_million(hourly, output_tps),
+                     blended_per_million_tokens=pricing.blended_per_million(hourly, input_tps + output_tps)),
+        goodput=Goodput(ttft_ms_target=targets.ttft_ms, itl_ms_target=targets.itl_ms, requests_per_s=good / duration,
+                        fraction=good / len(records) if records else 0.0),
+        samples=Samples(ttft_ms=_thin(ttft_ms), itl_ms=_thin(itl_ms)),
+        accuracy=Accuracy(correct=correct, answered=answered, rate=correct / answered) if answered else None,
+        speculative=engine_metrics.speculative(run.engine_counters),
+    )
 
 
 def _thin(values: list[float], most: int = 2000) -> list[float]:

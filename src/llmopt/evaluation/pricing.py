@@ -7,10 +7,10 @@ override them with --price-per-hour/--discount, or with a YAML file of profiles
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from llmopt import paths
 from llmopt.errors import LlmoptError
@@ -18,32 +18,35 @@ from llmopt.errors import LlmoptError
 INPUT_WEIGHT, OUTPUT_WEIGHT = 3, 1  # blended price: input and output tokens weighted 3:1
 
 
-@dataclass(frozen=True)
-class HardwareProfile:
+class HardwareProfile(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     name: str
     description: str
-    price_per_hour: float
+    price_per_hour: float = Field(gt=0, le=1e6)
     as_of: str
-    discount: float = 0.0
+    discount: float = Field(0.0, ge=0, lt=1)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def effective_price_per_hour(self) -> float:
         return (1 - self.discount) * self.price_per_hour
 
-    def to_dict(self) -> dict:
-        return {**asdict(self), "effective_price_per_hour": self.effective_price_per_hour}
+
+def _profile(name: str, description: str, price: float, as_of: str = "2024-06") -> HardwareProfile:
+    return HardwareProfile(name=name, description=description, price_per_hour=price, as_of=as_of)
 
 
 REFERENCE = {
     p.name: p
     for p in (
-        HardwareProfile("r7i.large", "AWS EC2, 2 vCPU Sapphire Rapids (AMX), 16 GiB: closest to a 2-core AMX machine", 0.1323, "2024-06"),
-        HardwareProfile("c7i.xlarge", "AWS EC2, 4 vCPU Sapphire Rapids (AMX), 8 GiB", 0.1785, "2024-06"),
-        HardwareProfile("m7i.2xlarge", "AWS EC2, 8 vCPU Sapphire Rapids (AMX), 32 GiB", 0.4032, "2024-06"),
-        HardwareProfile("g5.xlarge", "AWS EC2, 1x NVIDIA A10G 24 GB, 4 vCPU", 1.006, "2024-06"),
-        HardwareProfile("g6.xlarge", "AWS EC2, 1x NVIDIA L4 24 GB, 4 vCPU", 0.8048, "2024-06"),
-        HardwareProfile("ml.g5.2xlarge", "SageMaker hosting, 1x NVIDIA A10G 24 GB, 8 vCPU", 1.515, "2024-06"),
-        HardwareProfile("p4d.24xlarge", "AWS EC2, 8x NVIDIA A100 40 GB", 32.7726, "2024-06"),
+        _profile("r7i.large", "AWS EC2, 2 vCPU Sapphire Rapids (AMX), 16 GiB: closest to a 2-core AMX machine", 0.1323),
+        _profile("c7i.xlarge", "AWS EC2, 4 vCPU Sapphire Rapids (AMX), 8 GiB", 0.1785),
+        _profile("m7i.2xlarge", "AWS EC2, 8 vCPU Sapphire Rapids (AMX), 32 GiB", 0.4032),
+        _profile("g5.xlarge", "AWS EC2, 1x NVIDIA A10G 24 GB, 4 vCPU", 1.006),
+        _profile("g6.xlarge", "AWS EC2, 1x NVIDIA L4 24 GB, 4 vCPU", 0.8048),
+        _profile("ml.g5.2xlarge", "SageMaker hosting, 1x NVIDIA A10G 24 GB, 8 vCPU", 1.515),
+        _profile("p4d.24xlarge", "AWS EC2, 8x NVIDIA A100 40 GB", 32.7726),
     )
 }
 DEFAULT_CPU_PROFILE = "r7i.large"
@@ -61,7 +64,7 @@ def profiles(extra_file: Path | None = None) -> dict[str, HardwareProfile]:
             data = yaml.safe_load(path.read_text()) or {}
             for name, fields in data.items():
                 found[name] = HardwareProfile(name=name, **fields)
-        except (yaml.YAMLError, TypeError, AttributeError) as exc:
+        except (yaml.YAMLError, TypeError, AttributeError, ValueError, UnicodeDecodeError) as exc:
             raise LlmoptError(
                 f"{path}: bad hardware profiles ({exc})",
                 "write `NAME: {description: ..., price_per_hour: 1.0, as_of: 2026-01}` per profile",
@@ -73,7 +76,7 @@ def choose(profile: str | None, price_per_hour: float | None, discount: float | 
     if price_per_hour is not None:
         if price_per_hour <= 0:
             raise LlmoptError("--price-per-hour must be positive", "give the instance's hourly price, e.g. 1.006")
-        base = HardwareProfile("custom", "price given on the command line", price_per_hour, "user")
+        base = _profile("custom", "price given on the command line", price_per_hour, "user")
     else:
         table = profiles(extra_file)
         name = profile or DEFAULT_CPU_PROFILE
@@ -83,7 +86,7 @@ def choose(profile: str | None, price_per_hour: float | None, discount: float | 
     if discount is not None:
         if not 0 <= discount < 1:
             raise LlmoptError(f"discount {discount} is outside [0, 1)", "give a fraction, e.g. 0.3 for 30%")
-        base = HardwareProfile(base.name, base.description, base.price_per_hour, base.as_of, discount)
+        base = base.model_copy(update={"discount": discount})
     return base
 
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
-
 import httpx
+from pydantic import BaseModel
 
 GREEDY_PROMPTS = (
     "Explain in two sentences why the sky is blue.",
@@ -20,20 +19,22 @@ GREEDY_PROMPTS = (
 )
 
 
-@dataclass
-class Perplexity:
+class Perplexity(BaseModel):
     perplexity: float
     tokens: int
     mean_nll: float
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+
+class Agreement(BaseModel):
+    token_agreement: float  # position-wise, over the base's lengths
+    identical_outputs: float  # share of outputs identical to the base's
 
 
-def perplexity(url: str, model: str, texts: list[str], timeout_s: float = 300.0) -> Perplexity:
+def perplexity(url: str, model: str, texts: list[str], timeout_s: float = 300.0,
+               headers: dict[str, str] | None = None) -> Perplexity:
     """exp(mean negative log-likelihood) of every token after the first, from prompt logprobs."""
     total_nll, count = 0.0, 0
-    with httpx.Client(timeout=timeout_s) as client:
+    with httpx.Client(timeout=timeout_s, headers=headers) as client:
         for text in texts:
             body = {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
             response = client.post(f"{url}/v1/completions", json=body)
@@ -46,10 +47,10 @@ def perplexity(url: str, model: str, texts: list[str], timeout_s: float = 300.0)
 
 
 def greedy_tokens(url: str, model: str, prompts: tuple[str, ...] = GREEDY_PROMPTS, max_tokens: int = 48,
-                  timeout_s: float = 300.0) -> list[list[int]]:
+                  timeout_s: float = 300.0, headers: dict[str, str] | None = None) -> list[list[int]]:
     """Greedy chat completions' token ids, one list per prompt."""
     outputs = []
-    with httpx.Client(timeout=timeout_s) as client:
+    with httpx.Client(timeout=timeout_s, headers=headers) as client:
         for prompt in prompts:
             body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
                     "temperature": 0, "return_token_ids": True}
@@ -59,12 +60,11 @@ def greedy_tokens(url: str, model: str, prompts: tuple[str, ...] = GREEDY_PROMPT
     return outputs
 
 
-def agreement(base: list[list[int]], other: list[list[int]]) -> dict[str, float]:
-    """Position-wise token agreement (over the base's lengths) and the share of identical outputs."""
+def agreement(base: list[list[int]], other: list[list[int]]) -> Agreement:
     same_positions = sum(sum(1 for a, b in zip(x, y) if a == b) for x, y in zip(base, other))
     positions = sum(len(x) for x in base) or 1
     identical = sum(1 for x, y in zip(base, other) if x == y)
-    return {"token_agreement": same_positions / positions, "identical_outputs": identical / max(len(base), 1)}
+    return Agreement(token_agreement=same_positions / positions, identical_outputs=identical / max(len(base), 1))
 
 
 def is_correct(answer: str, expected: str) -> bool:

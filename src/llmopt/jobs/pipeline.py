@@ -1,4 +1,5 @@
-"""The build of one artifact: run a recipe's steps in a hidden work folder, then finalize it."""
+"""The build of one artifact: plan a recipe's steps, run them in a hidden work folder, then
+finalize the folder with its manifest."""
 
 from __future__ import annotations
 
@@ -6,45 +7,50 @@ import logging
 import resource
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from llmopt import artifact, hashing
+from llmopt import artifact, hashing, techniques
 from llmopt.engine import platform, vllm
-from llmopt.engine.config import EngineConfig
-from llmopt.recipe import Recipe
 from llmopt.sources import Model
-from llmopt.techniques import BuildContext, plan
+from llmopt.techniques import measure, package
+from llmopt.techniques.base import BuildContext, Step
 
 StepReporter = Callable[[str, str, float, float | None], None]
 
 
-def artifact_key(source: Model, recipe: Recipe, hardware: platform.Hardware, extra: dict | None = None) -> str:
+def plan(recipe: Any) -> list[Step]:
+    """The weights (copied as they are unless a section rewrites them), each section's steps, then
+    the measure step."""
+    steps = techniques.steps(recipe)
+    if not any(step.writes_weights for step in steps):
+        steps.insert(0, package.STEP)
+    return [*steps, measure.MEASURE]
+
+
+def artifact_key(source: Model, recipe: Any, hardware: platform.Hardware) -> str:
     """Everything that makes an artifact what it is; the same key means the same artifact."""
-    engine_name, engine_version = vllm.engine_name_version()
     recipe_data = recipe.to_dict()
     recipe_data.pop("name", None)
-    return hashing.json_sha256(
-        {
-            "schema": artifact.SCHEMA_VERSION,
-            "source": source.content_hash,
-            "recipe": recipe_data,
-            "engine": [engine_name, engine_version],
-            "device": hardware.device,
-            **(extra or {}),
-        }
-    )
+    return hashing.json_sha256({
+        "schema": artifact.SCHEMA_VERSION,
+        "source": source.content_hash,
+        "recipe": recipe_data,
+        "engine": list(vllm.engine_name_version()),
+        "device": hardware.device,
+        **techniques.key_extras(recipe, source),
+    })
 
 
 def build(
     name: str,
     key: str,
     source: Model,
-    recipe: Recipe,
+    recipe: Any,
     workdir: Path,
     output: Path,
     log: logging.Logger,
     report: StepReporter,
-    finalize_guard: Callable[[], object],
+    finalize_guard: Callable[[], Any],
 ) -> artifact.Manifest:
     """Run every step into `workdir`, then write the manifest and rename it to `output`.
 
@@ -53,15 +59,8 @@ def build(
     record that says otherwise.
     """
     hardware = platform.detect()
-    ctx = BuildContext(
-        recipe=recipe,
-        source=source,
-        workdir=workdir,
-        engine=EngineConfig(),
-        hardware=hardware,
-        log=log,
-        progress=lambda fraction: None,
-    )
+    ctx = BuildContext(recipe=recipe, source=source, workdir=workdir, engine=techniques.engine(recipe), hardware=hardware,
+                       log=log, progress=lambda fraction: None)
     timings = []
     for step in plan(recipe):
         log.info("step %s: start", step.name)
@@ -71,36 +70,29 @@ def build(
         step.run(ctx)
         seconds = time.monotonic() - started
         report(step.name, "done", 1.0, seconds)
-        timings.append({"name": step.name, "seconds": round(seconds, 2)})
+        timings.append(artifact.StepTiming(name=step.name, seconds=round(seconds, 2)))
         log.info("step %s: done in %.1f s", step.name, seconds)
 
     engine_name, engine_version = vllm.engine_name_version()
-    size = sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file())
-    ctx.metrics.update(
-        size_bytes=size,
+    metrics = artifact.ArtifactMetrics(
+        **ctx.measured.model_dump(),
+        **{section: record.model_dump() for section, record in ctx.metrics.items()},
+        size_bytes=sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file()),
         source_size_bytes=source.size_bytes,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     )
     manifest = artifact.Manifest(
         name=name,
         key=key,
-        source={"model": source.id, "origin": source.source, "content_hash": source.content_hash},
-        recipe=recipe.to_dict(),
-        engine={
-            "name": engine_name,
-            "version": engine_version,
-            "args": ctx.engine.to_args(served_name=name),
-            "env": ctx.engine.to_env(hardware),
-        },
-        hardware={**hardware.to_dict(), "torch": platform.torch_version()},
-        content_hash="",
-        created_at=0.0,
+        source=artifact.SourceRecord(model=source.id, origin=source.source, content_hash=source.content_hash),
+        recipe=recipe,
+        engine=artifact.EngineRecord(name=engine_name, version=engine_version, served_name=name, settings=ctx.engine),
+        hardware=artifact.HardwareRecord(**hardware.model_dump(), torch=platform.torch_version()),
         steps=timings,
-        metrics=ctx.metrics,
+        metrics=metrics,
         references=ctx.references,
     )
     with finalize_guard():
         artifact.finalize(workdir, output, manifest)
     log.info("artifact %s complete: %s", name, output)
     return manifest
-

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import secrets
 import subprocess
@@ -12,12 +11,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from llmopt import compatibility, hashing, paths, procs, sources
+from typing import Any
+
+from llmopt import names, paths, procs, serving, sources, techniques
+from llmopt.endpoints import Endpoint
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.jobs import pipeline, store
-from llmopt.recipe import DraftModel, Recipe
-from llmopt.techniques import plan
 
 STOP_GRACE_S = 30.0
 
@@ -55,54 +55,53 @@ class Job:
         stop(self.name)
         return self
 
-    def deploy(self, **kwargs):
-        from llmopt.sdk import deploy
-
+    def deploy(self, **kwargs: Any) -> Endpoint:
+        """Serve the job's artifact (keyword arguments as `llmopt.deploy`'s)."""
         if self.artifact is None:
             raise LlmoptError(f"job '{self.name}' is {self.status}, it has no artifact", "deploy a COMPLETED job")
-        return deploy(str(self.artifact), **kwargs)
+        return serving.deploy(serving.for_target(str(self.artifact)), **kwargs)
 
     def __repr__(self) -> str:
         return f"Job({self.name!r}, status={self.status})"
 
 
-def create(model: str, recipe: Recipe, name: str | None = None, output: str | Path | None = None, force: bool = False) -> Job:
-    """Record a job, check it, and start its worker (or reuse a matching artifact).
+def create(model: str, recipe: Any, name: str | None = None, output: str | Path | None = None, force: bool = False) -> Job:
+    """Check a job, then record it and start its worker (or reuse a matching artifact).
 
-    Every failure after the record exists is written to it (FAILED, with the reason) and raised.
+    Everything checkable before the worker starts is checked first: a refused job leaves no record
+    and no folder. Once recorded, a job keeps its record whatever happens, with the reason if it fails.
     """
-    name = name or f"{Path(model).name}-{recipe.name or 'custom'}-{secrets.token_hex(3)}"
-    output_dir = Path(output).expanduser().resolve() if output else paths.artifacts_dir() / name
+    name = names.check(name, "job") if name else f"{names.slug(Path(model).name)[:40]}-{recipe.name or 'custom'}-{secrets.token_hex(3)}"
+    if store.taken(name):
+        raise LlmoptError(f"a job named '{name}' already exists", "pass another --name")
+    output_dir = Path(output).expanduser().resolve() if output else paths.artifacts_dir(create=False) / name
+    _check_output(output_dir)
+    source = sources.resolve(model)
+    hardware = platform.detect()
+    verdict = techniques.check(recipe, source, hardware)
+    verdict.raise_if_refused()
+    key = pipeline.artifact_key(source, recipe, hardware)
     log_path = paths.logs_dir() / f"job-{name}.log"
     record = store.JobRecord(
-        name=name, source=model, source_hash=None, recipe=json.dumps(recipe.to_dict()), artifact_key=None,
-        status=store.STARTING, failure_reason=None, log_path=str(log_path), output_dir=str(output_dir),
-        artifact=None, pid=None, pid_create_time=None,
-        progress=json.dumps({s.name: {"status": "pending", "fraction": 0.0} for s in plan(recipe)}),
-        force=int(force), created_at=time.time(), started_at=None, ended_at=None,
+        name=name, source=source.id, source_hash=source.content_hash, recipe=recipe.to_dict(), artifact_key=key,
+        log_path=str(log_path), output_dir=str(output_dir),
+        progress={s.name: store.StepProgress() for s in pipeline.plan(recipe)}, force=force, created_at=time.time(),
     )
-    store.insert(record)
+    previous = None if force else store.find_completed(key)
+    if previous is not None:
+        now = time.time()
+        store.claim(record.model_copy(update={
+            "status": store.COMPLETED, "artifact": previous.artifact, "started_at": now, "ended_at": now,
+            "progress": {"reused": store.StepProgress(status="done", fraction=1.0, reused_from=previous.name)}}))
+        return Job(name, verdict.warnings, reused_from=previous.name)
+    store.claim(record)
     try:
-        source = sources.resolve(model)
-        store.update(name, source=source.id, source_hash=source.content_hash)
-        hardware = platform.detect()
-        verdict = compatibility.check(recipe, source, hardware)
-        verdict.raise_if_refused()
-        _check_output(output_dir)
-        key = pipeline.artifact_key(source, recipe, hardware, _key_extras(recipe, source))
-        store.update(name, artifact_key=key)
-        previous = None if force else store.find_completed(key)
-        if previous is not None:
-            now = time.time()
-            store.update(name, status=store.COMPLETED, artifact=previous.artifact, started_at=now, ended_at=now,
-                         progress=json.dumps({"reused": {"status": "done", "fraction": 1.0, "from": previous.name}}))
-            return Job(name, verdict.warnings, reused_from=previous.name)
         _spawn(name, log_path)
-        return Job(name, verdict.warnings)
     except BaseException as exc:
-        reason = exc.one_line() if isinstance(exc, LlmoptError) else f"{type(exc).__name__}: {exc}"
-        store.update(name, status=store.FAILED, failure_reason=reason, ended_at=time.time())
+        store.update(name, status=store.FAILED, failure_reason=f"the worker did not start: {type(exc).__name__}: {exc}",
+                     ended_at=time.time())
         raise
+    return Job(name, verdict.warnings)
 
 
 def stop(name: str) -> store.JobRecord:
@@ -119,7 +118,7 @@ def stop(name: str) -> store.JobRecord:
 
 
 def _spawn(name: str, log_path: Path) -> None:
-    with log_path.open("ab") as log:
+    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         popen = subprocess.Popen(
             [sys.executable, "-m", "llmopt.jobs.worker", name],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -130,40 +129,17 @@ def _spawn(name: str, log_path: Path) -> None:
 
 
 def _check_output(output_dir: Path) -> None:
+    """The artifact folder must be new, and the nearest folder above it that exists writable (the
+    worker creates the rest; a refused job creates nothing)."""
     if output_dir.exists():
         raise LlmoptError(f"output folder '{output_dir}' already exists", "pass a new --output, or remove the folder")
-    parent = output_dir.parent
+    parent = next(p for p in output_dir.parents if p.exists())
+    if not parent.is_dir():
+        raise LlmoptError(f"'{parent}' is a file, so '{output_dir}' cannot be made", "pass an --output in a folder")
     try:
-        parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".llmopt-write-test-"):
             pass
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise LlmoptError(f"output folder '{parent}' is not writable ({exc.strerror})", "pass an --output in a folder you can write") from exc
         raise LlmoptError(f"cannot write to '{parent}' ({exc.strerror})", "pass another --output") from exc
-
-
-def _key_extras(recipe: Recipe, source: sources.Model) -> dict:
-    """Inputs beyond the source and recipe that change the artifact: the draft model's content and
-    quantization (the catalogue may recommend one), the calibration text (the built-in set changes
-    between versions; a user's file may change) and the user's workload a speculation sweep measures on."""
-    from llmopt.techniques import calibration
-
-    extras: dict = {}
-    calibration_spec = getattr(recipe.quantization, "calibration", None)
-    if calibration_spec is not None:
-        extras["calibration"] = calibration.fingerprint(calibration_spec)
-    if isinstance(recipe.speculative, DraftModel):
-        from llmopt.techniques import speculative
-
-        draft = speculative.resolve_draft(recipe.speculative, source)
-        extras["draft"] = draft.model.content_hash
-        if draft.quantization is not None:
-            extras["draft_quantization"] = draft.quantization.model_dump(mode="json")
-            draft_calibration = getattr(draft.quantization, "calibration", None)
-            if draft_calibration is not None:
-                extras["draft_calibration"] = calibration.fingerprint(draft_calibration)
-    sweep_file = Path(recipe.speculative.sweep.dataset) if recipe.speculative else None
-    if sweep_file is not None and sweep_file.is_file():  # where speculation pays depends on the user's workload
-        extras["sweep"] = hashing.file_sha256(sweep_file)
-    return extras

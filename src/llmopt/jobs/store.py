@@ -1,15 +1,16 @@
-"""Job records in SQLite. Reading a record reconciles it with reality: a job whose worker died is
-FAILED (or STOPPED, if a stop was asked for), never left running forever."""
+"""Job records. Reading a record reconciles it with reality: a job whose worker died is FAILED
+(or STOPPED, if a stop was asked for), never left running forever."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from llmopt import db, procs
+from pydantic import BaseModel, Field
+
+from llmopt import artifact, procs, records
 from llmopt.errors import LlmoptError
 
 STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED = (
@@ -17,28 +18,33 @@ STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED = (
 )
 STATUSES = (STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED)
 ACTIVE = (STARTING, INPROGRESS, STOPPING)
-SPAWN_GRACE_S = 120.0  # a STARTING record with no worker after this long was abandoned
 
 
-@dataclass
-class JobRecord:
+class StepProgress(BaseModel):
+    status: str = "pending"  # pending | running | done
+    fraction: float = 0.0
+    seconds: float | None = None
+    reused_from: str | None = None  # the job whose artifact this one reuses
+
+
+class JobRecord(BaseModel):
     name: str
     source: str
-    source_hash: str | None
-    recipe: str
-    artifact_key: str | None
-    status: str
-    failure_reason: str | None
+    source_hash: str | None = None
+    recipe: dict[str, Any]  # as the user gave it (parsed again by the worker)
+    artifact_key: str | None = None
+    status: str = STARTING
+    failure_reason: str | None = None
     log_path: str
     output_dir: str | None
-    artifact: str | None
-    pid: int | None
-    pid_create_time: float | None
-    progress: str
-    force: int
+    artifact: str | None = None
+    pid: int | None = None
+    pid_create_time: float | None = None
+    progress: dict[str, StepProgress] = Field(default_factory=dict)
+    force: bool = False
     created_at: float
-    started_at: float | None
-    ended_at: float | None
+    started_at: float | None = None
+    ended_at: float | None = None
 
     @property
     def workdir(self) -> Path | None:
@@ -48,47 +54,45 @@ class JobRecord:
         out = Path(self.output_dir)
         return out.parent / f".build-{out.name}"
 
-    @property
-    def steps(self) -> dict[str, dict]:
-        return json.loads(self.progress)
-
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data["recipe"] = json.loads(self.recipe)
-        data["progress"] = self.steps
-        return data
+        return self.model_dump(mode="json")
 
 
-def insert(record: JobRecord) -> None:
-    data = asdict(record)
-    with db.connect() as conn:
-        try:
-            conn.execute(f"INSERT INTO jobs ({', '.join(data)}) VALUES ({', '.join(':' + k for k in data)})", data)
-        except Exception as exc:
-            if "UNIQUE" in str(exc):
-                raise LlmoptError(f"a job named '{record.name}' already exists", "pass another --name") from exc
-            raise
+JOBS = records.Table("jobs", JobRecord, key="name", order="created_at")
+
+
+def _gives_up_its_name(record: JobRecord | None) -> bool:
+    return record is not None and record.status == FAILED and record.pid is None  # its worker never started
+
+
+def taken(name: str) -> bool:
+    record = JOBS.get(name)
+    return record is not None and not _gives_up_its_name(record)
+
+
+def claim(record: JobRecord) -> None:
+    """Record a new job under its name; the record of a job whose worker never started gives the name up."""
+    with JOBS.transaction() as conn:
+        if _gives_up_its_name(JOBS.read(conn, record.name)):
+            JOBS.delete(record.name, conn)
+        JOBS.insert(record, conn)
 
 
 def update(name: str, **fields: object) -> None:
-    with db.connect() as conn:
-        conn.execute(
-            f"UPDATE jobs SET {', '.join(f'{k} = :{k}' for k in fields)} WHERE name = :name", {**fields, "name": name}
-        )
+    JOBS.update(name, **fields)
 
 
 def set_step(name: str, step: str, status: str, fraction: float, seconds: float | None = None) -> None:
     """Progress of one step, kept in the record so any process can show it."""
-    with db.connect() as conn:
-        conn.execute("BEGIN IMMEDIATE")
-        row = conn.execute("SELECT progress FROM jobs WHERE name = ?", (name,)).fetchone()
-        progress = json.loads(row["progress"]) if row else {}
-        entry = progress.setdefault(step, {})
-        entry.update(status=status, fraction=round(fraction, 4))
+    with JOBS.transaction() as conn:
+        record = JOBS.read(conn, name)
+        if record is None:
+            return
+        entry = record.progress.setdefault(step, StepProgress())
+        entry.status, entry.fraction = status, round(fraction, 4)
         if seconds is not None:
-            entry["seconds"] = round(seconds, 2)
-        conn.execute("UPDATE jobs SET progress = ? WHERE name = ?", (json.dumps(progress), name))
-        conn.execute("COMMIT")
+            entry.seconds = round(seconds, 2)
+        JOBS.write(conn, name, progress=record.progress)
 
 
 def get(name: str) -> JobRecord:
@@ -99,34 +103,22 @@ def get(name: str) -> JobRecord:
 
 
 def load(name: str) -> JobRecord | None:
-    with db.connect() as conn:
-        row = conn.execute("SELECT * FROM jobs WHERE name = ?", (name,)).fetchone()
-    return _reconcile(JobRecord(**dict(row))) if row else None
+    record = JOBS.get(name)
+    return _reconcile(record) if record else None
 
 
 def list_jobs(status: str | None = None, name_contains: str | None = None) -> list[JobRecord]:
     if status is not None and status.upper() not in STATUSES:
         raise LlmoptError(f"unknown status '{status}'", f"use one of {', '.join(STATUSES)}")
-    with db.connect() as conn:
-        rows = conn.execute("SELECT * FROM jobs ORDER BY created_at").fetchall()
-    records = [_reconcile(JobRecord(**dict(r))) for r in rows]
-    return [
-        r for r in records
-        if (status is None or r.status == status.upper()) and (not name_contains or name_contains in r.name)
-    ]
+    found = [_reconcile(r) for r in JOBS.select()]
+    return [r for r in found
+            if (status is None or r.status == status.upper()) and (not name_contains or name_contains in r.name)]
 
 
 def find_completed(key: str) -> JobRecord | None:
-    with db.connect() as conn:
-        rows = conn.execute(
-            "SELECT name FROM jobs WHERE artifact_key = ? AND status = ? AND artifact = output_dir ORDER BY ended_at DESC",
-            (key, COMPLETED),
-        ).fetchall()
-    from llmopt import artifact
-
-    for row in rows:
-        record = load(row["name"])
-        if record and record.artifact and artifact.is_artifact(Path(record.artifact)):
+    """The newest completed job that built an artifact with this key, whose artifact is still there."""
+    for record in reversed(JOBS.select("artifact_key = ? AND status = ? AND artifact = output_dir", (key, COMPLETED))):
+        if record.artifact and artifact.is_artifact(Path(record.artifact)):
             return record
     return None
 
@@ -134,19 +126,17 @@ def find_completed(key: str) -> JobRecord | None:
 def _reconcile(record: JobRecord) -> JobRecord:
     if record.status not in ACTIVE:
         return record
-    if record.pid is None:
-        if time.time() - record.created_at < SPAWN_GRACE_S:
-            return record
-        reason = "the job's worker was never started (the creating process died)"
-    elif procs.is_alive(record.pid, record.pid_create_time):
+    lost = procs.lost(record.pid, record.pid_create_time, record.created_at)
+    if lost is None:
         return record
-    else:
-        reason = f"worker process {record.pid} died without finishing; see {record.log_path}"
+    reason = ("the job's worker was never started (the creating process died)" if lost == "never started"
+              else f"worker process {record.pid} died without finishing; see {record.log_path}")
     status = STOPPED if record.status == STOPPING else FAILED
     if record.pid is not None:
-        procs.kill_group(record.pid)  # an engine the dead worker started shares its group
+        procs.kill_group(record.pid, record.pid_create_time)  # an engine the dead worker started shares its group
     if record.workdir is not None:
         shutil.rmtree(record.workdir, ignore_errors=True)
-    update(record.name, status=status, failure_reason=None if status == STOPPED else reason, ended_at=time.time())
-    record.status, record.failure_reason, record.ended_at = status, (None if status == STOPPED else reason), time.time()
-    return record
+    ended = time.time()
+    failure = None if status == STOPPED else reason
+    update(record.name, status=status, failure_reason=failure, ended_at=ended)
+    return record.model_copy(update={"status": status, "failure_reason": failure, "ended_at": ended})

@@ -6,7 +6,6 @@ removes the unfinished work folder and records STOPPED.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import signal
@@ -52,7 +51,7 @@ def run(name: str) -> int:
         source = sources.get(record.source)
         if source is None:
             raise LlmoptError(f"source model '{record.source}' is no longer in the store", "import it again")
-        recipe = parse(json.loads(record.recipe))
+        recipe = parse(record.recipe)
         workdir.mkdir(parents=True, exist_ok=False)
 
         @contextmanager

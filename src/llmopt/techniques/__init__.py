@@ -1,53 +1,82 @@
-"""Techniques: each turns a recipe section into work on the artifact being built.
+"""Techniques: the registry of what a recipe can ask for, and the loops over it.
 
-A step is a function of the build context. It may rewrite the weights in the work folder, add
-files (a draft model, a compile cache), change the engine settings, or record metrics. `plan`
-orders the steps a recipe needs; the job runner runs them and reports progress per step.
+Each technique is one object in one module (see `base.Technique`): its recipe section, checks,
+artifact-key inputs, engine settings, build steps, what the measure step records and what a deploy
+proves. Adding one is a module and a line in REGISTRY; nothing below names a technique.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
+import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Iterator
 
+from pydantic import BaseModel
+
+from llmopt import compatibility
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.platform import Hardware
-from llmopt.recipe import Recipe
 from llmopt.sources import Model
+from llmopt.techniques import chunked_prefill, compilation, kv_cache, quantization, sharding, speculative
+from llmopt.techniques.base import CheckContext, Running, Step, Technique, check_section
+
+# In the order their steps run: weights first, the sweep before compiling (its schedule is part of
+# the compiled shapes).
+REGISTRY: tuple[Technique, ...] = (
+    quantization.TECHNIQUE,
+    kv_cache.TECHNIQUE,
+    sharding.TECHNIQUE,
+    speculative.TECHNIQUE,
+    compilation.TECHNIQUE,
+    chunked_prefill.TECHNIQUE,
+)
 
 
-@dataclass
-class BuildContext:
-    recipe: Recipe
-    source: Model
-    workdir: Path
-    engine: EngineConfig
-    hardware: Hardware
-    log: logging.Logger
-    progress: Callable[[float], None]
-    metrics: dict[str, Any] = field(default_factory=dict)
-    references: dict[str, Any] = field(default_factory=dict)  # models the artifact points at, by hash
+def active(recipe: Any) -> Iterator[tuple[Technique, Any]]:
+    """The techniques a recipe uses, with their sections."""
+    for technique in REGISTRY:
+        spec = getattr(recipe, technique.section)
+        if spec is not None:
+            yield technique, spec
 
 
-@dataclass(frozen=True)
-class Step:
-    name: str
-    run: Callable[[BuildContext], None]
+def names(recipe: Any) -> list[str]:
+    """The recipe's techniques as the compatibility matrix names them."""
+    return [name for technique, spec in active(recipe) for name in technique.names(spec)]
 
 
-def plan(recipe: Recipe) -> list[Step]:
-    from llmopt.techniques import compilation, measure, package, quantize, settings, speculative
+def engine(recipe: Any, base: EngineConfig | None = None) -> EngineConfig:
+    """The engine settings a recipe asks for, before anything is built."""
+    config = base or EngineConfig()
+    for technique, spec in active(recipe):
+        config = technique.configure(spec, config)
+    return EngineConfig.model_validate(config.model_dump())  # copies skip validation: the sections together must hold
 
-    steps = [Step("quantize", quantize.apply) if recipe.quantization else Step("weights", package.copy_weights)]
-    if recipe.kv_cache or recipe.sharding:
-        steps.append(Step("engine-settings", settings.apply))
-    if recipe.speculative:
-        steps.append(Step("speculative", speculative.apply))
-        if recipe.speculative.disable_above_batch == "auto":
-            steps.append(Step("speculation-sweep", speculative.sweep))
-    if recipe.compilation:
-        steps.append(Step("compile", compilation.apply))
-    steps.append(Step("measure", measure.run))
-    return steps
+
+def check(recipe: Any, target: Model, hardware: Hardware) -> compatibility.Verdict:
+    """Every section against the matrix, then its technique's own checks, for this model and machine."""
+    ctx = CheckContext(target, json.loads((Path(target.path) / "config.json").read_text()), hardware, engine(recipe),
+                       compatibility.Verdict())
+    for technique, spec in active(recipe):
+        check_section(technique, spec, ctx)
+    return ctx.verdict
+
+
+def key_extras(recipe: Any, source: Model) -> dict[str, Any]:
+    """What each section reads beyond itself (files, other models), for the artifact key."""
+    return {f"{technique.section}.{k}": v for technique, spec in active(recipe) for k, v in technique.key(spec, source).items()}
+
+
+def steps(recipe: Any) -> list[Step]:
+    """Each section's build steps, in the registry's order."""
+    return [step for technique, spec in active(recipe) for step in technique.steps(spec)]
+
+
+def verify(config: EngineConfig, running: Running) -> dict[str, BaseModel]:
+    """What every technique proves on a running engine with these settings (any deploy, any job)."""
+    proven = {}
+    for technique in REGISTRY:
+        result = technique.verify(config, running)
+        if result is not None:
+            proven[technique.section] = result
+    return proven

@@ -1,11 +1,11 @@
-"""The weights step of a recipe without quantization: the source model's files, copied as they are."""
+"""The weights step of a recipe that does not rewrite them: the source model's files, copied as they are."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from llmopt.techniques import BuildContext
+from llmopt.techniques.base import BuildContext, Step
 
 
 def copy_weights(ctx: BuildContext) -> None:
@@ -19,3 +19,6 @@ def copy_weights(ctx: BuildContext) -> None:
         done += path.stat().st_size
         ctx.progress(done / total)
     ctx.log.info("copied %d files (%.0f MB) from %s", len(files), total / 1e6, ctx.source.path)
+
+
+STEP = Step("weights", copy_weights, writes_weights=True)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from llmopt import artifact, paths
+from llmopt import paths
 from llmopt.engine import compile_cache, vllm
 from llmopt.engine.config import EngineConfig
-from llmopt.techniques import BuildContext
+from llmopt.techniques.base import BuildContext, Running
 
 SERVED_NAME = "artifact-under-test"
 READY_TIMEOUT_S = 900.0
@@ -23,22 +23,28 @@ class Served:
     server: vllm.ServerProcess
     log_path: Path
     ready_seconds: float
-    compile_cache: dict  # compile_cache.Watch.ready: precompiled or compiled, and the key
+    start: compile_cache.Start
     cache_entry: compile_cache.Entry
+
+    @property
+    def running(self) -> Running:
+        return Running(self.server.url, SERVED_NAME, self.log_path, {})
 
 
 @contextmanager
 def served(ctx: BuildContext, model_path: str, engine: EngineConfig, purpose: str) -> Iterator[Served]:
     """A vLLM server for `model_path` in the worker's process group (a stopped job takes it down),
     started against its compile-cache entry; its log is `<purpose><build label>.log`."""
-    args = {k: artifact.absolute(v, ctx.workdir) for k, v in engine.to_args(served_name=SERVED_NAME).items()}
+    config = vllm.located(engine, ctx.workdir)
     log_path = paths.logs_dir() / f"{purpose}{ctx.workdir.name.removeprefix('.build')}.log"
     ctx.log.info("serving %s; engine log: %s", model_path, log_path)
     host = vllm.DEFAULT_HOST
-    with compile_cache.Watch(compile_cache.entry_for(model_path, args, ctx.hardware)) as cache:
+    with compile_cache.Watch(compile_cache.entry_for(model_path, config, ctx.hardware)) as cache:
         started = time.monotonic()
-        env = {**engine.to_env(ctx.hardware), **cache.entry.env}
-        server = vllm.start_server(model_path, args, env, log_path, host, vllm.free_port(host), own_session=False)
+        port = vllm.free_port(host)
+        env = {**vllm.environment(config, ctx.hardware), **cache.entry.env}
+        server = vllm.start_server(vllm.server_argv(model_path, config, SERVED_NAME, host, port), env, log_path, host, port,
+                                   own_session=False)
         try:
             server.wait_ready(READY_TIMEOUT_S)
             ready = round(time.monotonic() - started, 2)

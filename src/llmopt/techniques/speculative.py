@@ -1,23 +1,128 @@
-"""The speculative step: a draft model (copied, or quantized, into the artifact) or draft-free n-gram lookup."""
+"""Speculative decoding: a draft model (copied, or quantized, into the artifact) or draft-free
+n-gram lookup proposes tokens that the target verifies in one step. It only pays where drafts are
+accepted and the batch is small, so a job measures where it stops paying (the sweep), and every
+engine that runs it proves it proposes and accepts drafts."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter, model_validator
 
-from llmopt import artifact, catalog, sources
+from llmopt import catalog, hashing, sources
+from llmopt.engine import metrics as engine_metrics
+from llmopt.engine import vllm
+from llmopt.engine.config import EngineConfig, SpeculativeConfig
 from llmopt.errors import LlmoptError
-from llmopt.evaluation import benchmark
-from llmopt.recipe import DraftModel, NGram, Quantization
-from llmopt.techniques import BuildContext, quantize
-from llmopt.techniques.served import SERVED_NAME, served
+from llmopt.evaluation import levels, workload
+from llmopt.techniques import quantization
+from llmopt.techniques.base import BuildContext, CheckContext, Reference, Running, Section, Step, Technique, check_section
+from llmopt.techniques.quantization.schemes import Quantization
+from llmopt.techniques.served import served
 
 DRAFT_DIR = "draft"
-MAX_BATCH = 65536  # the end of the last range of a speculation schedule; vLLM caps it at max_num_seqs
+
+
+class SpeculationSweep(Section):
+    """How a job finds where speculation stops paying: output tokens/s with and without it, side by
+    side on this machine, at each concurrency level, on this workload (the user's own JSONL is best)."""
+
+    dataset: str = Field("builtin-qa", description="builtin-qa, sharegpt, synthetic:IN,OUT or a JSONL path.")
+    concurrency: tuple[int, ...] = Field((1, 2, 4, 8), min_length=1)
+    requests: int = Field(8, gt=0, le=4096, description="Requests per level, per engine.")
+
+    @model_validator(mode="after")
+    def _levels(self) -> "SpeculationSweep":
+        if any(c <= 0 for c in self.concurrency) or list(self.concurrency) != sorted(set(self.concurrency)):
+            raise ValueError(f"sweep concurrency must be increasing positive integers, got {list(self.concurrency)}")
+        return self
+
+
+class _Speculation(Section):
+    disable_above_batch: int | Literal["auto", "never"] = Field(
+        "auto",
+        description="Propose no drafts when more sequences than this are batched. 'auto' measures where speculation "
+        "stops paying (see sweep); 'never' speculates at every batch size.",
+    )
+    sweep: SpeculationSweep = Field(default_factory=SpeculationSweep)
+
+    @model_validator(mode="after")
+    def _batch(self) -> "_Speculation":
+        if isinstance(self.disable_above_batch, int) and self.disable_above_batch <= 0:
+            raise ValueError(f"disable_above_batch must be positive, 'auto' or 'never', got {self.disable_above_batch}")
+        return self
+
+
+class DraftModel(_Speculation):
+    """Speculative decoding with a smaller draft model of the same tokenizer."""
+
+    method: Literal["draft_model"] = "draft_model"
+    model: str = Field("recommended", description="'recommended', a catalogue id, an imported model or a folder.")
+    quantization: Quantization | None = Field(
+        None,
+        description="Quantize the draft before it goes into the artifact: a cheaper draft proposes faster, and the "
+        "target still verifies every token. Unset with model 'recommended', the catalogue's choice for that draft applies.",
+    )
+    # Qwen2.5-Coder 0.5B (INT8, the catalogue's recommendation) for 1.5B on two cores: k=3 gave
+    # 2.02x at concurrency 1 and beat k=2 at every level and k=4 from concurrency 2 (benchmarks/README.md)
+    num_speculative_tokens: int = Field(3, gt=0, le=16)
+
+    def __init__(self, model: str = "recommended", **data: Any) -> None:
+        super().__init__(model=model, **data)
+
+
+class NGram(_Speculation):
+    """Draft-free speculation that proposes continuations found in the prompt (prompt lookup)."""
+
+    method: Literal["ngram"] = "ngram"
+    # 3 beat 2 and 4 at concurrency 1, 2 and 4 on the QA workload (benchmarks/speculative.py: 1.63x
+    # against 1.53x and 1.30x at concurrency 1); 4 is accepted too rarely to pay for its verification
+    num_speculative_tokens: int = Field(3, gt=0, le=16)
+    prompt_lookup_min: int = Field(2, gt=0, le=64)
+    prompt_lookup_max: int = Field(4, gt=0, le=64)
+
+    @model_validator(mode="after")
+    def _window(self) -> "NGram":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) is larger than prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+        return self
+
+
+Speculative = Annotated[Union[DraftModel, NGram], Field(discriminator="method")]
+
+
+class SweepRow(BaseModel):
+    concurrency: int
+    output_tokens_per_s: float
+    output_tokens_per_s_without: float
+    speedup: float
+    acceptance_rate: float
+    mean_accepted_length: float
+
+
+class Sweep(BaseModel):
+    dataset: str
+    requests_per_level: int
+    levels: list[SweepRow]
+    first_level_below_1x: int | None = None
+    disable_above_batch: int | None = None  # where the job switched speculation off
+
+
+class SpeculativeRecord(BaseModel):
+    draft_quantization: quantization.QuantizationRecord | None = None
+    sweep: Sweep | None = None
+
+
+class Draft(BaseModel):
+    """The model a recipe drafts with, and how it is quantized before it drafts."""
+
+    model: sources.Model
+    quantization: Quantization | None
 
 
 def catalog_id(model: sources.Model) -> str | None:
@@ -27,16 +132,8 @@ def catalog_id(model: sources.Model) -> str | None:
     return model.id if catalog.is_catalog_id(model.id) else None
 
 
-@dataclass(frozen=True)
-class Draft:
-    """The model a recipe drafts with, and how it is quantized before it drafts."""
-
-    model: sources.Model
-    quantization: Quantization | None
-
-
 def resolve_draft(spec: DraftModel, target: sources.Model) -> Draft:
-    name, quantization = spec.model, spec.quantization
+    name, quantized = spec.model, spec.quantization
     if name == "recommended":
         target_id = catalog_id(target)
         if target_id is None:
@@ -51,81 +148,180 @@ def resolve_draft(spec: DraftModel, target: sources.Model) -> Draft:
                 f"'{target_id}' has no smaller sibling to draft with; its recommended method is ngram",
                 "use `--speculative ngram` (method: ngram)",
             )
-        if quantization is None and entry.recommended_draft_quantization:
-            quantization = TypeAdapter(Quantization).validate_python(entry.recommended_draft_quantization)
-    return Draft(sources.resolve(name), quantization)
+        if quantized is None and entry.recommended_draft_quantization:
+            quantized = TypeAdapter(Quantization).validate_python(entry.recommended_draft_quantization)
+    return Draft(model=sources.resolve(name), quantization=quantized)
 
 
-def check_draft(spec: DraftModel, target: sources.Model, verdict) -> Draft | None:
+class SpeculativeTechnique(Technique):
+    section = "speculative"
+    spec = Speculative
+    metrics = SpeculativeRecord
+    verification = engine_metrics.SpeculationStats
+
+    def names(self, spec: DraftModel | NGram) -> list[str]:
+        return [f"speculative.{spec.method}"]
+
+    def configure(self, spec: DraftModel | NGram, engine: EngineConfig) -> EngineConfig:
+        if isinstance(spec, NGram):
+            config = SpeculativeConfig(method="ngram", num_speculative_tokens=spec.num_speculative_tokens,
+                                       prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max)
+        else:
+            config = SpeculativeConfig(method="draft_model", num_speculative_tokens=spec.num_speculative_tokens,
+                                       model=vllm.ARTIFACT_RELATIVE + DRAFT_DIR)
+        if isinstance(spec.disable_above_batch, int):
+            config = config.disabled_above(spec.disable_above_batch)
+        return engine.model_copy(update={"speculative": config})
+
+    def check(self, spec: DraftModel | NGram, ctx: CheckContext) -> None:
+        """A draft fits its target (its quantization checked like a recipe of its own); the workload
+        the sweep measures on can be read."""
+        if isinstance(spec, DraftModel):
+            draft = _check_draft(spec, ctx)
+            if draft is not None and draft.quantization is not None:
+                of_draft = CheckContext(draft.model, _config(draft.model), ctx.hardware, ctx.engine, type(ctx.verdict)())
+                check_section(quantization.TECHNIQUE, draft.quantization, of_draft)
+                ctx.verdict.refusals += [f"draft quantization: {r}" for r in of_draft.verdict.refusals]
+                ctx.verdict.warnings += [f"draft quantization: {w}" for w in of_draft.verdict.warnings]
+        if spec.disable_above_batch == "auto":
+            try:
+                workload.check(spec.sweep.dataset, ctx.target.path)
+            except LlmoptError as exc:
+                ctx.verdict.refusals.append(f"speculative.sweep.dataset: {exc.problem}; {exc.fix}")
+
+    def key(self, spec: DraftModel | NGram, source: sources.Model) -> dict[str, Any]:
+        """The draft's content and quantization (the catalogue may recommend one, with its calibration
+        text), and the user's workload the sweep measures on (where speculation pays depends on it)."""
+        extras: dict[str, Any] = {}
+        if isinstance(spec, DraftModel):
+            draft = resolve_draft(spec, source)
+            extras["draft"] = draft.model.content_hash
+            if draft.quantization is not None:
+                extras["draft_quantization"] = draft.quantization.model_dump(mode="json")
+                extras |= {f"draft_{k}": v for k, v in quantization.TECHNIQUE.key(draft.quantization, draft.model).items()}
+        sweep_file = Path(spec.sweep.dataset)
+        if spec.disable_above_batch == "auto" and sweep_file.is_file():
+            extras["sweep"] = hashing.file_sha256(sweep_file)
+        return extras
+
+    def steps(self, spec: DraftModel | NGram) -> list[Step]:
+        steps = [Step("speculative", self._draft)]
+        if spec.disable_above_batch == "auto":
+            steps.append(Step("speculation-sweep", self._sweep))
+        return steps
+
+    def _draft(self, ctx: BuildContext) -> None:
+        spec = ctx.recipe.speculative
+        record = SpeculativeRecord()
+        if isinstance(spec, DraftModel):
+            draft = resolve_draft(spec, ctx.source)
+            dest = ctx.workdir / DRAFT_DIR
+            reference = Reference(model=draft.model.id, content_hash=draft.model.content_hash, path=DRAFT_DIR)
+            if draft.quantization is None:
+                shutil.copytree(draft.model.path, dest)
+            else:
+                ctx.log.info("quantizing the draft %s (%s) before it drafts", draft.model.id, draft.quantization.method)
+                dest.mkdir()
+                record.draft_quantization = quantization.quantize_model(
+                    draft.quantization, draft.model, dest, ctx.engine.tensor_parallel_size, ctx.log,
+                    lambda f: ctx.progress(0.95 * f))
+                reference.quantization = draft.quantization.method
+            ctx.references["draft"] = reference
+        ctx.metrics[self.section] = record
+        ctx.log.info("speculative settings: %s", ctx.engine.speculative.model_dump(exclude_none=True) if ctx.engine.speculative else None)
+        ctx.progress(1.0)
+
+    def _sweep(self, ctx: BuildContext) -> None:
+        """Serve the artifact without and then with speculation, load both at each concurrency level
+        on the sweep's workload, and switch speculation off above the last level where it pays."""
+        spec = ctx.recipe.speculative
+        plan = levels.Plan(dataset=spec.sweep.dataset, concurrency=spec.sweep.concurrency, requests=spec.sweep.requests)
+        measured = {}
+        for i, (label, engine) in enumerate([("without", ctx.engine.model_copy(update={"speculative": None})),
+                                             ("with", ctx.engine)]):
+            with served(ctx, str(ctx.workdir), engine, f"sweep-{label}") as run:
+                ctx.progress(0.1 + 0.45 * i)
+                measured[label] = levels.measure(run.server.url, run.running.served_name, str(ctx.workdir), plan)
+        rows = [_row(base, with_spec) for base, with_spec in zip(measured["without"], measured["with"])]
+        sweep = Sweep(dataset=spec.sweep.dataset, requests_per_level=spec.sweep.requests, levels=rows,
+                      first_level_below_1x=next((r.concurrency for r in rows if r.speedup < 1.0), None))
+        ctx.log.info("speculation against none, output tokens/s: %s", _table(rows))
+        limit = switch_off_above(rows, spec.sweep.dataset)
+        if limit is not None:
+            assert ctx.engine.speculative is not None
+            ctx.engine = ctx.engine.model_copy(update={"speculative": ctx.engine.speculative.disabled_above(limit)})
+            sweep.disable_above_batch = limit
+            ctx.log.info("speculation switched off above batch %d", limit)
+        record = ctx.metrics[self.section]
+        assert isinstance(record, SpeculativeRecord)
+        record.sweep = sweep
+        ctx.progress(1.0)
+
+    def verify(self, engine: EngineConfig, running: Running) -> engine_metrics.SpeculationStats | None:
+        """A configuration that speculates must propose drafts, and have some accepted."""
+        if engine.speculative is None:
+            return None
+        return engine_metrics.verify_speculation(running.url, running.served_name, running.headers)
+
+
+TECHNIQUE = SpeculativeTechnique()
+
+
+def switch_off_above(rows: list[SweepRow], dataset: str) -> int | None:
+    """The last level before the first where speculation loses; None if it pays at every level.
+    A recipe whose speculation loses even at the lowest level fails: it would only cost."""
+    losing = next((i for i, row in enumerate(rows) if row.speedup < 1.0), None)
+    if losing == 0:
+        raise LlmoptError(
+            f"speculation does not pay here: {_table(rows)} output tokens/s against none on {dataset} "
+            f"(acceptance {rows[0].acceptance_rate:.2f})",
+            "sweep on a workload like yours (speculative.sweep.dataset), lower num_speculative_tokens, or drop speculation",
+        )
+    return None if losing is None else rows[losing - 1].concurrency
+
+
+def _table(rows: list[SweepRow]) -> str:
+    return ", ".join(f"c{r.concurrency} {r.speedup:.2f}x" for r in rows)
+
+
+def _row(base: levels.Level, spec: levels.Level) -> SweepRow:
+    accepted = spec.speculative
+    return SweepRow(concurrency=base.concurrency, output_tokens_per_s=round(spec.output_tokens_per_s, 2),
+                    output_tokens_per_s_without=round(base.output_tokens_per_s, 2),
+                    speedup=round(spec.output_tokens_per_s / base.output_tokens_per_s, 3),
+                    acceptance_rate=round(accepted.acceptance_rate if accepted else 0.0, 3),
+                    mean_accepted_length=round(accepted.mean_accepted_length if accepted else 0.0, 2))
+
+
+def _check_draft(spec: DraftModel, ctx: CheckContext) -> Draft | None:
     """Same tokenizer vocabulary, and not larger than the target. The draft, if it resolves."""
+    target = ctx.target
     try:
         resolved = resolve_draft(spec, target)
     except LlmoptError as exc:
-        verdict.refusals.append(f"{exc.problem}; {exc.fix}")
+        ctx.verdict.refusals.append(f"{exc.problem}; {exc.fix}")
         return None
     draft = resolved.model
     target_vocab, draft_vocab = _vocabulary(Path(target.path)), _vocabulary(Path(draft.path))
     if target_vocab != draft_vocab:
         differing = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
-        verdict.refusals.append(
+        ctx.verdict.refusals.append(
             f"draft '{draft.id}' has a different tokenizer vocabulary from '{target.id}' "
             f"({len(draft_vocab)} against {len(target_vocab)} tokens, {differing} entries differ); "
             "use a draft from the same model family"
         )
     elif draft.size_bytes > target.size_bytes:
-        verdict.refusals.append(
+        ctx.verdict.refusals.append(
             f"draft '{draft.id}' ({draft.size_bytes / 1e6:.0f} MB) is larger than the target '{target.id}' "
             f"({target.size_bytes / 1e6:.0f} MB); use a smaller draft"
         )
     elif draft.content_hash == target.content_hash and resolved.quantization is None:
-        verdict.warnings.append(
-            f"draft '{draft.id}' is the target itself: speculation will be exact but cannot be faster"
-        )
+        ctx.verdict.warnings.append(f"draft '{draft.id}' is the target itself: speculation will be exact but cannot be faster")
     return resolved
 
 
-def engine_config(spec: DraftModel | NGram, draft_path: str | None = None) -> dict[str, object]:
-    """vLLM's --speculative-config for a recipe's speculative section."""
-    if isinstance(spec, NGram):
-        config: dict[str, object] = {
-            "method": "ngram",
-            "num_speculative_tokens": spec.num_speculative_tokens,
-            "prompt_lookup_min": spec.prompt_lookup_min,
-            "prompt_lookup_max": spec.prompt_lookup_max,
-        }
-    else:
-        config = {"method": "draft_model", "model": draft_path, "num_speculative_tokens": spec.num_speculative_tokens}
-    if isinstance(spec.disable_above_batch, int):
-        config["num_speculative_tokens_per_batch_size"] = schedule(spec.num_speculative_tokens, spec.disable_above_batch)
-    return config
-
-
-def schedule(k: int, disable_above_batch: int) -> list[list[int]]:
-    """vLLM's dynamic speculative decoding: k tokens up to the batch size, none above it."""
-    return [[1, disable_above_batch, k], [disable_above_batch + 1, MAX_BATCH, 0]]
-
-
-def apply(ctx: BuildContext) -> None:
-    spec = ctx.recipe.speculative
-    draft_path = None
-    if isinstance(spec, DraftModel):
-        draft = resolve_draft(spec, ctx.source)
-        dest = ctx.workdir / DRAFT_DIR
-        reference = {"model": draft.model.id, "content_hash": draft.model.content_hash, "path": DRAFT_DIR}
-        if draft.quantization is None:
-            shutil.copytree(draft.model.path, dest)
-        else:
-            ctx.log.info("quantizing the draft %s (%s) before it drafts", draft.model.id, draft.quantization.method)
-            dest.mkdir()
-            ctx.metrics["draft_quantization"] = quantize.quantize_model(
-                draft.quantization, draft.model, dest, ctx.recipe.tensor_parallel_size, ctx.log, lambda f: ctx.progress(0.95 * f))
-            reference["quantization"] = draft.quantization.method
-        ctx.references["draft"] = reference
-        draft_path = artifact.relative(dest, ctx.workdir)
-    config = engine_config(spec, draft_path)
-    ctx.engine = ctx.engine.model_copy(update={"speculative_config": config})
-    ctx.log.info("speculative config: %s", config)
-    ctx.progress(1.0)
+def _config(model: sources.Model) -> dict[str, Any]:
+    return json.loads((Path(model.path) / "config.json").read_text())
 
 
 def _vocabulary(folder: Path) -> dict[str, int]:
@@ -139,57 +335,3 @@ def _vocabulary(folder: Path) -> dict[str, int]:
     from transformers import AutoTokenizer
 
     return dict(AutoTokenizer.from_pretrained(folder).get_vocab())
-
-
-def sweep(ctx: BuildContext) -> None:
-    """Serve the artifact without and then with speculation, load both at each concurrency level
-    on the sweep's workload, and switch speculation off above the last level where it pays."""
-    spec = ctx.recipe.speculative
-    plan = benchmark.EvaluationSpec(dataset=spec.sweep.dataset, concurrency=spec.sweep.concurrency,
-                                    requests=spec.sweep.requests, quality=False)
-    measured = {}
-    for i, (label, engine) in enumerate([("without", ctx.engine.model_copy(update={"speculative_config": None})),
-                                         ("with", ctx.engine)]):
-        with served(ctx, str(ctx.workdir), engine, f"sweep-{label}") as run:
-            ctx.progress(0.1 + 0.45 * i)
-            measured[label] = benchmark.levels(run.server.url, SERVED_NAME, str(ctx.workdir), plan)
-    rows = [_row(base, spec_level) for base, spec_level in zip(measured["without"], measured["with"])]
-    ctx.metrics["speculation_sweep"] = result = {"dataset": spec.sweep.dataset, "requests_per_level": spec.sweep.requests,
-                                                 "levels": rows}
-    ctx.log.info("speculation against none, output tokens/s: %s", _table(rows))
-    limit = switch_off_above(rows, spec.sweep.dataset)
-    result["first_level_below_1x"] = next((r["concurrency"] for r in rows if r["speedup"] < 1.0), None)
-    if limit is not None:
-        config = {**ctx.engine.speculative_config,
-                  "num_speculative_tokens_per_batch_size": schedule(spec.num_speculative_tokens, limit)}
-        ctx.engine = ctx.engine.model_copy(update={"speculative_config": config})
-        result["disable_above_batch"] = limit
-        ctx.log.info("speculation switched off above batch %d", limit)
-    ctx.progress(1.0)
-
-
-def switch_off_above(rows: list[dict], dataset: str) -> int | None:
-    """The last level before the first where speculation loses; None if it pays at every level.
-    A recipe whose speculation loses even at the lowest level fails: it would only cost."""
-    losing = next((i for i, row in enumerate(rows) if row["speedup"] < 1.0), None)
-    if losing == 0:
-        raise LlmoptError(
-            f"speculation does not pay here: {_table(rows)} output tokens/s against none on {dataset} "
-            f"(acceptance {rows[0]['acceptance_rate']:.2f})",
-            "sweep on a workload like yours (speculative.sweep.dataset), lower num_speculative_tokens, or drop speculation",
-        )
-    return None if losing is None else rows[losing - 1]["concurrency"]
-
-
-def _table(rows: list[dict]) -> str:
-    return ", ".join(f"c{r['concurrency']} {r['speedup']:.2f}x" for r in rows)
-
-
-def _row(base: dict, spec: dict) -> dict:
-    accepted = spec["speculative"] or {}
-    return {"concurrency": base["concurrency"],
-            "output_tokens_per_s": round(spec["output_tokens_per_s"], 2),
-            "output_tokens_per_s_without": round(base["output_tokens_per_s"], 2),
-            "speedup": round(spec["output_tokens_per_s"] / base["output_tokens_per_s"], 3),
-            "acceptance_rate": round(accepted.get("acceptance_rate", 0.0), 3),
-            "mean_accepted_length": round(accepted.get("mean_accepted_length", 0.0), 2)}

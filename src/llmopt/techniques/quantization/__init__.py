@@ -1,5 +1,5 @@
-"""The quantization step: llm-compressor's oneshot over the source weights, written as a
-compressed-tensors checkpoint that vLLM loads as it is.
+"""Quantization: llm-compressor's oneshot over the source weights, written as a compressed-tensors
+checkpoint that vLLM loads as it is, and held to a quality budget against the source.
 
 llm-compressor runs in the job's worker process (one environment with vLLM; see the README for
 why). It is imported lazily: only quantizing jobs pay for it.
@@ -17,10 +17,14 @@ from typing import Any, Callable
 
 import psutil
 
+from pydantic import BaseModel
+
 from llmopt.errors import LlmoptError
-from llmopt.recipe import Quantization
 from llmopt.sources import Model
-from llmopt.techniques import BuildContext, calibration, schemes
+from llmopt.techniques.base import BuildContext, CheckContext, Step, Technique
+from llmopt.techniques.quantization import calibration, schemes
+from llmopt.techniques.quantization.calibration import CalibrationRecord
+from llmopt.techniques.quantization.schemes import Quantization
 
 RUNTIME_BYTES = 1.5e9  # torch, transformers and llm-compressor imported, before any model
 ACTIVATION_COPIES = 12  # bf16 hidden-state copies per calibrated token (layer inputs, outputs, AWQ's cached args)
@@ -56,14 +60,89 @@ def check_memory(q: Quantization, config: dict, weight_bytes: int) -> str | None
     )
 
 
-def apply(ctx: BuildContext) -> None:
-    q = ctx.recipe.quantization
-    assert q is not None
-    ctx.metrics["quantization"] = quantize_model(q, ctx.source, ctx.workdir, ctx.recipe.tensor_parallel_size, ctx.log, ctx.progress)
+class QuantizationRecord(BaseModel):
+    """What the manifest records about a quantized model (the recipe's target, or a draft)."""
+
+    scheme: Quantization
+    calibration: CalibrationRecord | None = None
+    group_size: int | None = None  # as fitted to the layer shapes
+    block_size: tuple[int, int] | None = None
+    fit_note: str | None = None
+    seconds: float
+    peak_rss_bytes: int
+    estimated_peak_bytes: int  # as the compatibility check saw it
+    size_bytes: int
+    source_size_bytes: int
+    seed: int = schemes.SEED  # torch's, Python's and NumPy's, set before quantizing; calibration runs in order
+
+    @property
+    def method(self) -> str:
+        return self.scheme.method
+
+
+class QuantizationTechnique(Technique):
+    section = "quantization"
+    spec = Quantization
+    metrics = QuantizationRecord
+
+    def names(self, spec: Quantization) -> list[str]:
+        return [schemes.name(spec)]
+
+    def check(self, spec: Quantization, ctx: CheckContext) -> None:
+        """Not already quantized; the group or block size fits the layer shapes; it fits in memory."""
+        already = ctx.config.get("quantization_config")
+        if already:
+            ctx.verdict.refusals.append(
+                f"'{ctx.target.id}' is already quantized ({already.get('quant_method', 'unknown method')}); "
+                "quantize the model it was made from instead"
+            )
+            return
+        try:
+            fitted = schemes.fit(spec, ctx.config, ctx.engine.tensor_parallel_size)
+        except LlmoptError as exc:
+            ctx.verdict.refusals.append(f"{exc.problem}; {exc.fix}")
+            return
+        if fitted.note:
+            ctx.verdict.warnings.append(fitted.note)
+        if schemes.needs_calibration(spec):
+            try:
+                calibration.check(spec.calibration)  # type: ignore[union-attr]
+            except LlmoptError as exc:
+                ctx.verdict.refusals.append(f"calibration: {exc.problem}; {exc.fix}")
+        refusal = check_memory(spec, ctx.config, ctx.target.size_bytes)
+        if refusal:
+            ctx.verdict.refusals.append(refusal)
+
+    def key(self, spec: Quantization, source: Model) -> dict[str, Any]:
+        """The calibration text: the built-in set changes between versions, a user's file may change."""
+        return {"calibration": calibration.fingerprint(spec.calibration)} if schemes.needs_calibration(spec) else {}  # type: ignore[union-attr]
+
+    def steps(self, spec: Quantization) -> list[Step]:
+        return [Step("quantize", self._apply, writes_weights=True)]
+
+    def _apply(self, ctx: BuildContext) -> None:
+        q = ctx.recipe.quantization
+        ctx.metrics[self.section] = quantize_model(q, ctx.source, ctx.workdir, ctx.engine.tensor_parallel_size, ctx.log,
+                                                   ctx.progress)
+
+    def changes_numerics(self, spec: Quantization) -> bool:
+        return True
+
+    def judge(self, spec: Quantization, ctx: BuildContext, perplexity_increase: float, base: Any) -> None:
+        if perplexity_increase > spec.max_perplexity_increase:
+            raise LlmoptError(
+                f"quality budget exceeded: perplexity rose {100 * perplexity_increase:.1f}% ({base.perplexity:.2f} -> "
+                f"{base.perplexity * (1 + perplexity_increase):.2f} on {base.tokens} held-out tokens), over "
+                f"quantization.max_perplexity_increase {spec.max_perplexity_increase:g} for {spec.method}",
+                "raise the budget, or calibrate on more data, or use a smaller group_size (awq) or another scheme",
+            )
+
+
+TECHNIQUE = QuantizationTechnique()
 
 
 def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_parallel: int,
-                   log: logging.Logger, progress: Callable[[float], None]) -> dict[str, Any]:
+                   log: logging.Logger, progress: Callable[[float], None]) -> QuantizationRecord:
     """Quantize a model folder into `dest` as a compressed-tensors checkpoint; returns what the
     manifest records about it. The target of a recipe and a draft model both go through here."""
     source = Path(source_model.path)
@@ -80,16 +159,17 @@ def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_para
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
     kwargs: dict[str, Any] = {}
-    record: dict[str, Any] = {"method": q.method, **q.model_dump(mode="json", exclude={"calibration"})}
+    described = None
     if schemes.needs_calibration(q):
         cal = calibration.build(q.calibration, tokenizer)  # type: ignore[union-attr]
-        record["calibration"] = cal.description
-        log.info("calibration: %s", cal.description)
+        described = cal.description
+        log.info("calibration: %s", described.model_dump())
+        # in order: llm-compressor shuffles with torch's unseeded RNG by default, and GPTQ's Hessian sums
+        # then run in another order each time, so two runs gave different weights (+0.70% and +1.64% perplexity)
         kwargs.update(dataset=_dataset(cal.windows), num_calibration_samples=len(cal.windows),
-                      max_seq_length=cal.description["sequence_length"])
-    record.update(group_size=fitted.group_size, block_size=fitted.block_size, fit_note=fitted.note)
-    record = {k: v for k, v in record.items() if v is not None}
+                      max_seq_length=described.sequence_length, shuffle_calibration_samples=False)
 
+    _seed(schemes.SEED)
     progress(0.05)
     with _LayerProgress(model, progress, passes=2 if schemes.needs_calibration(q) else 0,
                         samples=kwargs.get("num_calibration_samples", 0)):
@@ -100,16 +180,27 @@ def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_para
     tokenizer.save_pretrained(dest)
     (dest / "recipe.yaml").unlink(missing_ok=True)  # llm-compressor's own; the manifest has ours
 
-    record["seconds"] = round(time.monotonic() - started, 1)
-    record["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    record["estimated_peak_bytes"] = estimate_peak_bytes(q, config, source_model.size_bytes)  # as the compatibility check saw it
-    record["size_bytes"] = _weight_bytes(dest)
-    record["source_size_bytes"] = _weight_bytes(source)
+    record = QuantizationRecord(
+        scheme=q, calibration=described, group_size=fitted.group_size, block_size=fitted.block_size, fit_note=fitted.note,
+        seconds=round(time.monotonic() - started, 1), peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        estimated_peak_bytes=estimate_peak_bytes(q, config, source_model.size_bytes), size_bytes=_weight_bytes(dest),
+        source_size_bytes=_weight_bytes(source),
+    )
     log.info("quantized %s (%s) in %.0f s; weights %.0f MB -> %.0f MB; peak memory %.2f GiB", source_model.id,
-             q.method, record["seconds"], record["source_size_bytes"] / 1e6, record["size_bytes"] / 1e6,
-             record["peak_rss_bytes"] / 2**30)
+             q.method, record.seconds, record.source_size_bytes / 1e6, record.size_bytes / 1e6, record.peak_rss_bytes / 2**30)
     progress(1.0)
     return record
+
+
+def _seed(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def load_llmcompressor():

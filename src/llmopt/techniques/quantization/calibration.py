@@ -14,28 +14,44 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmopt import corpus, hashing
+from pydantic import BaseModel
+
+from llmopt import corpus, hashing, jsonl
 from llmopt.errors import LlmoptError
-from llmopt.recipe import Calibration
+from llmopt.evaluation import workload
+from llmopt.techniques.quantization.schemes import Calibration
 
 Messages = list[dict[str, str]]
+
+
+class CalibrationRecord(BaseModel):
+    """What the manifest says the quantizer saw."""
+
+    dataset: str
+    samples_requested: int
+    samples: int
+    sequence_length: int
+    tokens: int
+    sha256: str
 
 
 @dataclass
 class CalibrationSet:
     windows: list[list[int]]
-    description: dict[str, Any]
+    description: CalibrationRecord
 
 
 def build(spec: Calibration, tokenizer: Any) -> CalibrationSet:
     documents = _documents(spec.dataset)
     ids: list[int] = []
     eos = tokenizer.eos_token_id
+    chat = getattr(tokenizer, "chat_template", None) is not None
     for doc in documents:
-        if isinstance(doc, str):
-            ids.extend(tokenizer(doc, add_special_tokens=False).input_ids)
-        else:
+        if isinstance(doc, list) and chat:
             ids.extend(tokenizer.apply_chat_template(doc, tokenize=True, return_dict=False))
+        else:  # text, or chat turns for a model without a chat template: the turns as plain text
+            text = doc if isinstance(doc, str) else "\n\n".join(turn["content"] for turn in doc)
+            ids.extend(tokenizer(text, add_special_tokens=False).input_ids)
         if eos is not None:
             ids.append(eos)
         if len(ids) >= spec.samples * spec.sequence_length:
@@ -47,15 +63,15 @@ def build(spec: Calibration, tokenizer: Any) -> CalibrationSet:
     digest = hashlib.sha256(json.dumps(windows).encode()).hexdigest()
     return CalibrationSet(
         windows=windows,
-        description={
-            "dataset": spec.dataset,
-            "samples_requested": spec.samples,
-            "samples": len(windows),
-            "sequence_length": length,
-            "tokens": len(windows) * length,
-            "sha256": digest,
-        },
+        description=CalibrationRecord(dataset=spec.dataset, samples_requested=spec.samples, samples=len(windows),
+                                      sequence_length=length, tokens=len(windows) * length, sha256=digest),
     )
+
+
+def check(spec: Calibration) -> None:
+    """A user's calibration file is read and every line checked before any job starts."""
+    if spec.dataset not in ("builtin", "sharegpt"):
+        _jsonl(Path(spec.dataset))
 
 
 def fingerprint(spec: Calibration) -> str:
@@ -80,31 +96,16 @@ def _documents(dataset: str) -> list[str | Messages]:
                              {"role": "assistant", "content": answer}])
         return docs
     if dataset == "sharegpt":
-        from llmopt.evaluation.workload import sharegpt_conversations
-
-        return [[{"role": "user", "content": q}, {"role": "assistant", "content": a}] for q, a in sharegpt_conversations()]
+        return [[{"role": "user", "content": q}, {"role": "assistant", "content": a}] for q, a in workload.sharegpt_conversations()]
     return _jsonl(Path(dataset))
 
 
 def _jsonl(path: Path) -> list[str | Messages]:
-    """{"text": ...}, {"prompt": ...} or {"messages": [...]} per line."""
-    if not path.is_file():
-        raise LlmoptError(f"calibration dataset '{path}' is not a file", "use 'builtin', 'sharegpt' or a .jsonl path")
-    docs: list[str | Messages] = []
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-            if isinstance(data.get("messages"), list) and data["messages"]:
-                docs.append([{"role": str(m["role"]), "content": str(m["content"])} for m in data["messages"]])
-            else:
-                text = data.get("text") or data.get("prompt")
-                if not isinstance(text, str) or not text:
-                    raise ValueError
-                docs.append(text)
-        except (ValueError, TypeError, KeyError, AttributeError):
-            raise LlmoptError(
-                f"{path}:{number}: not a JSON object with \"text\", \"prompt\" or \"messages\"", "fix or remove that line"
-            ) from None
-    return docs
+    """Every line, as chat turns or as text; a bad line is refused, since calibration must be what the user meant."""
+    lines, bad = jsonl.read(path, "calibration dataset")
+    if not lines and not bad:
+        raise LlmoptError(f"calibration dataset '{path}' is empty", 'write one JSON object per line with "text", "prompt" or "messages"')
+    if bad:
+        number, reason = next(iter(bad.items()))
+        raise LlmoptError(f"{path}:{number}: {reason}", 'fix or remove that line (one JSON object with "text", "prompt" or "messages")')
+    return [list(line.messages) if line.messages else line.text or "" for line in lines]

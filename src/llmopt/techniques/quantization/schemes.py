@@ -1,5 +1,5 @@
-"""Quantization schemes: a recipe's quantization section, fitted to a model's layer shapes and
-turned into llm-compressor modifiers.
+"""Quantization schemes: the recipe's quantization section (AWQ, SmoothQuant, FP8, and the
+calibration data they see), fitted to a model's layer shapes and turned into llm-compressor modifiers.
 
 Fitting is separate from building so the compatibility check can refuse (or warn about) a shape
 before any work starts, with the same rule the quantization step applies.
@@ -11,12 +11,61 @@ import re
 from dataclasses import dataclass
 from functools import reduce
 from math import gcd
-from typing import Any
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field
 
 from llmopt.errors import LlmoptError
-from llmopt.recipe import AWQ, FP8, Quantization, SmoothQuant
+from llmopt.techniques.base import Section
 
 MIN_GROUP = 16  # smaller groups cost more in scales than they win in accuracy
+# Fixed seeds for everything random in quantizing (calibration order, any library sampling), so
+# the same recipe on the same source gives the same weights.
+SEED = 0
+
+
+class Calibration(Section):
+    """Data that calibration-based quantization sees."""
+
+    dataset: str = Field("builtin", description="'builtin' (text shipped with llmopt), 'sharegpt' or a JSONL path.")
+    samples: int = Field(64, gt=0, le=4096)
+    sequence_length: int = Field(384, gt=0, le=32768)
+
+
+class AWQ(Section):
+    """INT4 weight-only (W4A16) with activation-aware scaling."""
+
+    method: Literal["awq"] = "awq"
+    group_size: int = Field(128, gt=0, le=4096)
+    symmetric: bool = False
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    calibration: Calibration = Field(default_factory=Calibration)
+    max_perplexity_increase: float = Field(0.12, ge=0, le=10, description="Quality budget, as a fraction.")
+
+
+class SmoothQuant(Section):
+    """SmoothQuant then INT8 weights per channel and INT8 activations per token, dynamic (W8A8)."""
+
+    method: Literal["smoothquant"] = "smoothquant"
+    alpha: float = Field(0.8, gt=0, lt=1)
+    weights: Literal["gptq", "rtn"] = "gptq"
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    calibration: Calibration = Field(default_factory=Calibration)
+    max_perplexity_increase: float = Field(0.03, ge=0, le=10)
+
+
+class FP8(Section):
+    """FP8 weights and activations: dynamic per-channel, or block-wise."""
+
+    method: Literal["fp8"] = "fp8"
+    scheme: Literal["block", "dynamic"] = "block"
+    block_size: tuple[int, int] = (128, 128)
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    max_perplexity_increase: float = Field(0.02, ge=0, le=10)
+
+
+Quantization = Annotated[Union[AWQ, SmoothQuant, FP8], Field(discriminator="method")]
+SCHEMES = (AWQ, SmoothQuant, FP8)
 
 
 @dataclass(frozen=True)
@@ -111,6 +160,11 @@ def _largest_fitting(requested: int, widths: list[int] | tuple[int, ...]) -> int
 
 def needs_calibration(q: Quantization) -> bool:
     return isinstance(q, (AWQ, SmoothQuant))
+
+
+def name(q: Quantization) -> str:
+    """The compatibility matrix's name for a scheme."""
+    return f"quantization.{q.method}" + (f".{q.scheme}" if isinstance(q, FP8) else "")
 
 
 def modifiers(q: Quantization, fitted: Fit) -> list[Any]:

@@ -1,0 +1,72 @@
+"""Load one running server at each concurrency level of a plan: what an evaluation does per
+target, and what a job needs to compare two engine settings side by side. Deploys nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from llmopt.errors import LlmoptError
+from llmopt.evaluation import loadgen, metrics, pricing
+from llmopt.evaluation import workload as workloads
+from llmopt.evaluation.results import GoodputTargets, Level
+from llmopt.evaluation.tokens import TokenCounter
+
+Events = Callable[..., None]
+MAX_LEVEL = 4096
+
+
+class Plan(BaseModel):
+    """The load of an evaluation: which requests, at which concurrency levels, for how long."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str = "builtin-qa"
+    concurrency: tuple[int, ...] = Field((1, 4), min_length=1)
+    requests: int | None = Field(16, gt=0, le=1_000_000)
+    duration_s: float | None = Field(None, gt=0, le=7 * 86400)
+    warmup_requests: int | None = Field(None, ge=0, le=10_000)
+    timeout_s: float = Field(loadgen.DEFAULT_TIMEOUT_S, gt=0, le=86400)
+    seed: int = Field(0, ge=0)
+    goodput: GoodputTargets = GoodputTargets()
+
+    @model_validator(mode="after")
+    def _levels(self) -> "Plan":
+        if any(c <= 0 or c > MAX_LEVEL for c in self.concurrency):
+            raise ValueError(f"concurrency levels must be from 1 to {MAX_LEVEL}, got {list(self.concurrency)}")
+        return self
+
+    def workload(self, counter: TokenCounter | None) -> workloads.Workload:
+        count = max(self.requests or 64, max(self.concurrency)) + max(self.concurrency)  # + warm-up
+        return workloads.load(self.dataset, seed=self.seed, count=count, tokenizer=counter.tokenizer if counter else None)
+
+
+def run(url: str, served_name: str, work: workloads.Workload, counter: TokenCounter | None, plan: Plan,
+        price: pricing.HardwareProfile, headers: dict[str, str] | None = None, label: str = "",
+        events: Events = lambda *a, **k: None) -> list[Level]:
+    """Every level of the plan in turn; stops after a level that was aborted (the server went away)."""
+    settings = loadgen.RunSettings(plan.requests if plan.duration_s is None else None, plan.duration_s,
+                                   plan.warmup_requests, plan.timeout_s)
+    found = []
+    for level in plan.concurrency:
+        events("level", target=label, concurrency=level, total=plan.requests)
+        run_ = asyncio.run(loadgen.run_level(url, served_name, work, level, settings, headers or {},
+                                             on_done=lambda r: events("request", error=r.error)))
+        computed = metrics.compute(run_, counter, price, plan.goodput)
+        found.append(computed)
+        events("level_done", target=label, level=computed)
+        if run_.aborted:
+            break
+    return found
+
+
+def measure(url: str, served_name: str, tokenizer_path: str, plan: Plan, headers: dict[str, str] | None = None) -> list[Level]:
+    """Throughput and latency at every level, or an error if the server stopped answering."""
+    counter = TokenCounter.from_path(tokenizer_path)
+    found = run(url, served_name, plan.workload(counter), counter, plan, pricing.choose(None, None, None), headers)
+    aborted = next((level.aborted for level in found if level.aborted), None)
+    if aborted:
+        raise LlmoptError(f"load test against {url} aborted: {aborted}", "see the engine log")
+    return found

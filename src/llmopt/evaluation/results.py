@@ -1,0 +1,214 @@
+"""Evaluation results, typed: what `results.json` holds (its JSON schema is published in `schemas/`).
+
+Readers use attributes. The schema is versioned: `SCHEMA_VERSION` changes whenever a field is
+removed or changes meaning; a file of a newer version is refused with the version named.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from llmopt.engine.config import EngineConfig
+from llmopt.engine.metrics import SpeculationStats
+from llmopt.errors import LlmoptError
+from llmopt.evaluation.pricing import HardwareProfile
+from llmopt.evaluation.quality import Agreement, Perplexity
+
+SCHEMA_VERSION = 2
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Stats(_Result):
+    mean: float
+    min: float
+    max: float
+    p50: float
+    p90: float
+    p99: float
+
+
+class PerRequest(_Result):
+    input_tokens: Stats | None
+    output_tokens: Stats | None
+    input_tokens_per_s: Stats | None
+    output_tokens_per_s: Stats | None
+
+
+class TokenCounts(_Result):
+    input: int
+    output: int
+
+
+class Prices(_Result):
+    """Dollars per 1M tokens if the instance did nothing but produce them at this level's rate."""
+
+    per_million_input_tokens: float | None
+    per_million_output_tokens: float | None
+    blended_per_million_tokens: float | None  # input and output weighted 3:1
+
+
+class Goodput(_Result):
+    ttft_ms_target: float | None
+    itl_ms_target: float | None
+    requests_per_s: float
+    fraction: float
+
+
+class Accuracy(_Result):
+    correct: int
+    answered: int
+    rate: float
+
+
+class Samples(_Result):
+    """Sorted, thinned samples for distribution plots."""
+
+    ttft_ms: list[float]
+    itl_ms: list[float]
+
+
+class Level(_Result):
+    """One concurrency level: what the load generator saw, and what the engine's counters said."""
+
+    concurrency: int
+    duration_s: float
+    aborted: str | None
+    invocations: int
+    invocation_errors: int
+    errors: dict[str, int]
+    tokenizer_failures: int
+    empty_responses: int
+    ttft_ms: Stats | None
+    itl_ms: Stats | None  # gaps between streamed chunks
+    tpot_ms: Stats | None  # per request: (latency - TTFT) / (output tokens - 1)
+    latency_ms: Stats | None
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    request_throughput_per_s: float
+    per_request: PerRequest
+    server_counted_tokens: TokenCounts
+    price: Prices
+    goodput: Goodput
+    samples: Samples
+    accuracy: Accuracy | None
+    speculative: SpeculationStats | None
+
+
+class Quality(_Result):
+    """Perplexity of held-out text and greedy outputs; either may be unavailable on a foreign server."""
+
+    perplexity: Perplexity | None = None
+    perplexity_error: str | None = None
+    greedy_tokens: list[list[int]] | None = None
+    greedy_error: str | None = None
+
+
+class TargetResult(_Result):
+    label: str
+    kind: Literal["endpoint", "url", "deployed"]
+    url: str
+    served_name: str
+    tokenizer: str | None
+    engine: EngineConfig | None = None  # the settings it served with, when llmopt knows them
+    seconds_to_ready: float | None = None
+    levels: list[Level] = Field(default_factory=list)
+    quality: Quality | None = None
+    aborted: str | None = None
+    warning: str | None = None
+
+
+class LevelRatios(_Result):
+    """A target's figure over the reference's, at one level."""
+
+    concurrency: int
+    output_tokens_per_s: float | None
+    ttft_p50: float | None
+    itl_p50: float | None
+    latency_p50: float | None
+    blended_price: float | None
+
+
+class TargetComparison(_Result):
+    label: str
+    reference: str
+    levels: list[LevelRatios]
+    perplexity_ratio: float | None = None
+    greedy_agreement: Agreement | None = None
+    accuracy_change: float | None = None
+
+
+class Comparison(_Result):
+    reference: str
+    targets: list[TargetComparison]
+
+
+class GoodputTargets(_Result):
+    ttft_ms: float | None = Field(None, gt=0)
+    itl_ms: float | None = Field(None, gt=0)  # applied to each request's time per output token
+
+
+class Settings(_Result):
+    concurrency: list[int]
+    requests_per_level: int | None
+    duration_s: float | None
+    timeout_s: float
+    seed: int
+    goodput_targets: GoodputTargets
+
+
+class Spread(_Result):
+    min: float
+    max: float
+    mean: float
+
+
+class SkippedLines(_Result):
+    count: int
+    line_numbers: list[int]
+
+
+class WorkloadInfo(_Result):
+    """What the results record about the workload (not the prompts themselves)."""
+
+    name: str
+    requests: int
+    temperature: float
+    seed: int
+    ignore_eos: bool
+    max_tokens: int | Spread
+    source: str | None = None
+    skipped_lines: SkippedLines | None = None
+
+
+class EvaluationResults(_Result):
+    schema_version: int = SCHEMA_VERSION
+    created_at: float
+    price: HardwareProfile
+    settings: Settings
+    workload: WorkloadInfo | None = None
+    targets: list[TargetResult] = Field(default_factory=list)
+    comparison: Comparison | None = None
+
+
+def load(path: Path) -> EvaluationResults:
+    """A results.json file, checked against the schema this llmopt writes."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LlmoptError(f"cannot read evaluation results '{path}' ({type(exc).__name__})", "pass a results.json written by llmopt") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version != SCHEMA_VERSION:
+        raise LlmoptError(f"'{path}' has results schema version {version}, this llmopt reads {SCHEMA_VERSION}",
+                          "re-run the evaluation with this llmopt")
+    try:
+        return EvaluationResults.model_validate(data)
+    except ValidationError as exc:
+        raise LlmoptError(f"'{path}' does not match the results schema ({exc.error_count()} errors)",
+                          "re-run the evaluation with this llmopt") from None

@@ -1,0 +1,57 @@
+"""Terminal tables (rich) for the CLI: evaluation results and record listings."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from llmopt.evaluation.results import EvaluationResults, Stats
+from llmopt.presentation.format import money, num, pct, times
+
+
+def _p50(stats: Stats | None) -> float | None:
+    return stats.p50 if stats else None
+
+
+def listing(console: Console, title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console.print(table)
+
+
+def evaluation(results: EvaluationResults, console: Console) -> None:
+    workload = results.workload.name if results.workload else ""
+    for target in results.targets:
+        t = Table(title=f"{target.label} — {workload}")
+        for column in ("conc", "TTFT p50 ms", "TPOT p50 ms", "latency p50 ms", "in tok/s", "out tok/s", "req/s",
+                       "invocations", "errors", "empty", "$/1M in", "$/1M out", "$/1M blended", "accept"):
+            t.add_column(column, justify="right")
+        for lvl in target.levels:
+            spec = lvl.speculative
+            t.add_row(str(lvl.concurrency), num(_p50(lvl.ttft_ms)), num(_p50(lvl.tpot_ms)), num(_p50(lvl.latency_ms)),
+                      num(lvl.input_tokens_per_s), num(lvl.output_tokens_per_s), num(lvl.request_throughput_per_s, 2),
+                      str(lvl.invocations), str(lvl.invocation_errors), str(lvl.empty_responses),
+                      money(lvl.price.per_million_input_tokens), money(lvl.price.per_million_output_tokens),
+                      money(lvl.price.blended_per_million_tokens), f"{spec.acceptance_rate:.2f}" if spec else "")
+        console.print(t)
+        if target.quality and target.quality.perplexity:
+            ppl = target.quality.perplexity
+            console.print(f"perplexity {ppl.perplexity:.3f} over {ppl.tokens} held-out tokens")
+        if target.aborted:
+            console.print(f"[red]aborted:[/] {target.aborted}")
+    if results.comparison:
+        c = Table(title=f"Ratios to {results.comparison.reference}")
+        for column in ("target", "conc", "out tok/s", "TTFT p50", "ITL p50", "latency p50", "price", "perplexity", "greedy agreement"):
+            c.add_column(column, justify="right")
+        for row in results.comparison.targets:
+            agreement = row.greedy_agreement.token_agreement if row.greedy_agreement else None
+            for lvl in row.levels:
+                c.add_row(row.label, str(lvl.concurrency), times(lvl.output_tokens_per_s), times(lvl.ttft_p50),
+                          times(lvl.itl_p50), times(lvl.latency_p50), times(lvl.blended_price), times(row.perplexity_ratio),
+                          pct(agreement))
+        console.print(c)
