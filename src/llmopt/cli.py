@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from llmopt import sdk
-from llmopt.presentation import terminal
-from llmopt.presentation.format import megabytes, when
+from llmopt.presentation import recommendation, terminal
+from llmopt.presentation.format import megabytes, money, num, when
 from llmopt.presentation.report import REPORT_FILE, RESULTS_FILE
 from llmopt.presentation.verdict import verdict
 
@@ -33,11 +33,13 @@ endpoints_app = typer.Typer(no_args_is_help=True, help="Running endpoints.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Optimization jobs.")
 recipes_app = typer.Typer(no_args_is_help=True, help="Recipes and the compatibility matrix.")
 cache_app = typer.Typer(no_args_is_help=True, help="The compile cache: compiled engine code, one entry per key.")
+configs_app = typer.Typer(no_args_is_help=True, help="Deployment configurations: recipes with measured benchmark rows.")
 app.add_typer(models_app, name="models")
 app.add_typer(endpoints_app, name="endpoints")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(cache_app, name="cache")
+app.add_typer(configs_app, name="configs")
 
 console = Console()
 err = Console(stderr=True)
@@ -132,13 +134,24 @@ def deploy(
                                           help="Require this key (Bearer token) on every route."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without an API key."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Run code the model's folder ships (never from a manifest)."),
+    config: Optional[str] = typer.Option(None, help="A deployment configuration of the model (see `llmopt configs list`)."),
 ) -> None:
     """Start an endpoint and return once it is ready; it keeps serving after this command exits."""
     overrides = {k: v for k, v in {"max_model_len": max_model_len, "kv_cache_gib": kv_cache_gib}.items() if v is not None}
     engine = sdk.engine_config(**overrides) if overrides else None
-    with _working(f"starting vLLM for {model}"):
-        endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
-                              insecure=insecure, trust_remote_code=trust_remote_code)
+    if config is not None:
+        if engine is not None or trust_remote_code:
+            raise sdk.LlmoptError("a deployment configuration carries its own settings", "deploy it without engine flags")
+        chosen = next((c for c in sdk.list_configs(model) if c.name == config), None)
+        warning = sdk.config_warning(chosen) if chosen else None
+        _warn([warning] if warning else [])
+        with _working(f"building (or reusing) and starting configuration {config} of {model}"):
+            endpoint = sdk.deploy_config(model, config, name=name, port=port, host=host, timeout_s=timeout, api_key=api_key,
+                                         insecure=insecure)
+    else:
+        with _working(f"starting vLLM for {model}"):
+            endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
+                                  insecure=insecure, trust_remote_code=trust_remote_code)
     console.print(f"endpoint [bold]{endpoint.name}[/] ready at {endpoint.url} in {endpoint.seconds_to_ready:.1f} s"
                   + (" (every route asks for the API key)" if endpoint.api_key else ""))
     if endpoint.start is not None:
@@ -335,6 +348,71 @@ def cache_prune(
     console.print(f"{len(removed)} entries removed, {sum(e.size_bytes for e in removed) / 1e6:.1f} MB freed")
 
 
+# -- configurations and recommendations ---------------------------------------------------------
+
+
+@configs_app.command("list")
+def configs_list(model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id or catalogue id."), as_json: bool = JSON) -> None:
+    """A model's deployment configurations and their benchmark rows: measured here first, then shipped."""
+    found = sdk.list_configs(model)
+    if as_json:
+        return _json(found)
+    rows = []
+    for config in found:
+        for row in config.rows:
+            rows.append([config.name, config.source, ", ".join(config.picks), ", ".join(k for k in config.recipe if k != "name") or "-",
+                         f"{config.hardware.cpu_model} ({config.hardware.cores} cores)", row.concurrency,
+                         num(row.ttft_p50_ms), num(row.tpot_p50_ms), num(row.tokens_per_s_per_user), num(row.total_tokens_per_s),
+                         f"${row.price_per_hour:.4f}", money(row.blended_per_million),
+                         "" if row.perplexity_increase is None else f"{100 * row.perplexity_increase:+.1f}%",
+                         config.engine, config.llmopt, when(config.measured_at)])
+    terminal.listing(console, f"Deployment configurations of {model}", [
+        "name", "source", "picked for", "techniques", "hardware", "conc", "TTFT p50 ms", "TPOT p50 ms", "tok/s per user",
+        "tok/s total", "$/hour", "$ per 1M", "perplexity", "engine", "llmopt", "measured"], rows)
+    for warning in {w for w in (sdk.config_warning(c) for c in found) if w}:
+        _warn([warning])
+    if not found:
+        console.print(f"none yet; measure some with: llmopt recommend {model}")
+
+
+@app.command()
+def recommend(
+    model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id, catalogue id, HF folder or .gguf."),
+    goal: str = typer.Option("balanced", help="latency | throughput | cost | balanced"),
+    slo: Optional[list[str]] = typer.Option(None, help="A service-level target, e.g. ttft_p90_ms=800 (repeat the flag)."),
+    max_quality_loss: Optional[float] = typer.Option(None, help="Largest perplexity increase allowed, as a fraction."),
+    dataset: str = typer.Option("builtin-qa", help="builtin-qa | builtin-coding | sharegpt | synthetic:IN,OUT | PATH.jsonl"),
+    concurrency: str = typer.Option("1,2,4,8", help="Comma-separated concurrency levels."),
+    requests: int = typer.Option(8, help="Requests per level (at least 4 per concurrent user)."),
+    min_duration: float = typer.Option(10.0, help="Seconds each level runs at least."),
+    budget_minutes: Optional[float] = typer.Option(None, help="Drop the most expensive candidates to fit this budget."),
+    recipe: Optional[list[str]] = typer.Option(None, help="A recipe file of yours to try too (repeat the flag)."),
+    output: Path = typer.Option(Path("llmopt-recommend"), help="Folder for recommendation.json and report.html."),
+) -> None:
+    """Measure the candidates the matrix allows for a model on this machine and recommend one for the goal."""
+    with _recommend_progress() as events:
+        rec = sdk.recommend(model, goal=goal, slos=slo or [], max_quality_loss=max_quality_loss, dataset=dataset,
+                            concurrency=_levels(concurrency), requests=requests, min_duration_s=min_duration,
+                            budget_minutes=budget_minutes, recipes=recipe or [], output=output, events=events)
+    recommendation.table(rec, console)
+    console.print(f"results: {output / recommendation.RESULTS_FILE}  report: {output / recommendation.REPORT_FILE}")
+
+
+@contextmanager
+def _recommend_progress() -> Iterator[Callable[..., None]]:
+    """The estimates first, then a line per candidate and a bar per level."""
+    with _evaluation_progress() as level_events:
+        def events(kind: str, **data: Any) -> None:
+            if kind == "estimates":
+                recommendation.estimates(data["recommendation"], console)
+            elif kind == "candidate":
+                err.print(f"candidate [bold]{data['name']}[/] (about {data['estimate_s'] / 60:.1f} min)")
+            else:
+                level_events(kind, **data)
+
+        yield events
+
+
 # -- evaluate -----------------------------------------------------------------------------------
 
 
@@ -373,8 +451,9 @@ def evaluate(
     compare: Optional[list[str]] = typer.Option(None, help="Models/artifacts to compare, deployed in turn (repeat the flag)."),
     dataset: str = typer.Option("builtin-qa", help="builtin-qa | sharegpt | synthetic:IN,OUT | PATH.jsonl"),
     concurrency: str = typer.Option("1,4", help="Comma-separated concurrency levels."),
-    requests: int = typer.Option(16, help="Requests per level (after warm-up)."),
+    requests: int = typer.Option(16, help="Requests per level (after warm-up; at least 4 per concurrent user)."),
     duration: Optional[float] = typer.Option(None, help="Seconds per level instead of a request count."),
+    min_duration: float = typer.Option(30.0, help="With a request count, seconds each level runs at least."),
     output: Path = typer.Option(Path("llmopt-eval"), help="Folder for results.json and report.html."),
     hardware: Optional[str] = typer.Option(None, help="Hardware profile whose hourly price is used."),
     price_per_hour: Optional[float] = typer.Option(None, help="Hourly price, overriding the profile."),
@@ -392,7 +471,8 @@ def evaluate(
     """Load-test at several concurrency levels and report latency, throughput, price and quality."""
     with _evaluation_progress() as events:
         results = sdk.evaluate(endpoint=endpoint, url=url, model=model, compare=compare, dataset=dataset,
-                               concurrency=_levels(concurrency), requests=requests, duration_s=duration, output=output,
+                               concurrency=_levels(concurrency), requests=requests, duration_s=duration,
+                               min_duration_s=min_duration, output=output,
                                hardware=hardware, price_per_hour=price_per_hour, discount=discount,
                                hardware_file=hardware_file, quality=quality, tokenizer=tokenizer,
                                ttft_target_ms=ttft_target, itl_target_ms=itl_target, timeout_s=timeout, seed=seed,
@@ -413,23 +493,28 @@ def evaluate(
 @app.command()
 def demo(
     model: str = typer.Option(sdk.DEFAULT_MODEL, help="Model to optimize."),
-    recipe: str = typer.Option("smoothquant", "--recipe", "-r", help="Built-in recipe name or YAML/JSON file."),
-    requests: int = typer.Option(8, help="Requests per concurrency level."),
+    recipe: str = typer.Option("auto", "--recipe", "-r",
+                               help="'auto' (what pays on this processor), a built-in recipe name or a YAML/JSON file."),
+    requests: int = typer.Option(8, help="Requests per concurrency level (at least 4 per concurrent user)."),
+    min_duration: float = typer.Option(30.0, help="Seconds each level runs at least."),
     output: Path = typer.Option(Path("llmopt-demo"), help="Folder for results.json and report.html."),
 ) -> None:
-    """The main job: optimize a model with a recipe, then load-test it side by side with the original."""
-    chosen = sdk.load_recipe(recipe)
+    """The main job: optimize a model with what pays on this processor, then load-test it side by side
+    with the original, throughput on equal work, and say what it bought and what it cost."""
+    levels = (1, 4)
     with _working(f"importing {model} (once)"):
         imported = sdk.resolve_model(model)
     console.print(f"model [bold]{imported.id}[/] at {imported.path} (sha256 {imported.content_hash[:12]})")
+    chosen = sdk.demo_recipe(imported.id, levels) if recipe == "auto" else sdk.load_recipe(recipe)
+    console.print(f"recipe [bold]{chosen.name or 'custom'}[/]: {', '.join(chosen.techniques()) or 'none'}")
     job = sdk.optimize(imported.id, chosen, wait=False)
     _warn(job.warnings)
     if job.reused_from:
         console.print(f"job [bold]{job.name}[/] reuses the artifact of job {job.reused_from}")
     _follow_job(job.name)
     with _evaluation_progress() as events:
-        results = sdk.evaluate(compare=[imported.id, str(job.artifact)], dataset="builtin-qa", concurrency=(1, 4),
-                               requests=requests, output=output, events=events)
+        results = sdk.evaluate(compare=[imported.id, str(job.artifact)], dataset="builtin-qa", concurrency=levels,
+                               requests=requests, min_duration_s=min_duration, output=output, events=events)
     terminal.evaluation(results, console)
     console.print(verdict(results))
     console.print(f"results: {output / RESULTS_FILE}  report: {output / REPORT_FILE}")

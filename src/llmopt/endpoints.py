@@ -47,6 +47,7 @@ class Endpoint(BaseModel):
     start: compile_cache.Start | None = None  # served from the compile cache, or compiled
     deployer_pid: int | None = None  # the process waiting for readiness: a start it does not see through is orphaned
     deployer_create_time: float | None = None
+    temporary: bool = False  # deployed for one run (an evaluation): it goes when the process that deployed it does
     verified: dict[str, Any] = Field(default_factory=dict)  # what each technique proved after the start
     api_key: str | None = Field(None, repr=False)  # kept in the owner-only database, never shown
 
@@ -95,6 +96,7 @@ def launch(
     insecure: bool = False,
     trust_remote_code: bool = False,
     chat_template: str | None = None,
+    temporary: bool = False,
 ) -> Endpoint:
     """Claim the name, start a server, wait until it answers and `verify` has proven what its settings
     promise; on any failure the server is stopped and the record says why.
@@ -118,7 +120,7 @@ def launch(
     endpoint = Endpoint(name=name, model=model_label, model_path=model_path, served_name=served_name, host=host, port=port,
                         log_path=str(log_path), engine=engine, environment=env, trust_remote_code=trust_remote_code,
                         chat_template=chat_template, started_at=time.time(), api_key=api_key,
-                        deployer_pid=os.getpid(), deployer_create_time=procs.create_time(os.getpid()))
+                        deployer_pid=os.getpid(), deployer_create_time=procs.create_time(os.getpid()), temporary=temporary)
     _claim(endpoint)
     server: vllm.ServerProcess | None = None
     try:
@@ -195,14 +197,18 @@ def _dead(endpoint: Endpoint) -> str | None:
     """Why a live record's server is not (or will never be) serving; None while it is, or may yet."""
     if endpoint.status not in LIVE:
         return None
-    deployer_gone = (endpoint.status == STARTING and endpoint.deployer_pid is not None
+    deployer_gone = ((endpoint.status == STARTING or endpoint.temporary) and endpoint.deployer_pid is not None
                      and not procs.is_alive(endpoint.deployer_pid, endpoint.deployer_create_time))
     if endpoint.pid is None:
         return "the engine was never started (the deploying process died)" if (
             deployer_gone or time.time() - endpoint.started_at >= procs.SPAWN_GRACE_S) else None
     if not procs.is_alive(endpoint.pid, endpoint.pid_create_time):
         return f"engine process {endpoint.pid} exited unexpectedly; see {endpoint.log_path}"
-    return "the deploying process died before the engine was ready; the engine was stopped" if deployer_gone else None
+    if not deployer_gone:
+        return None
+    if endpoint.status == STARTING:
+        return "the deploying process died before the engine was ready; the engine was stopped"
+    return "the run it was deployed for ended without stopping it (its process died); the engine was stopped"
 
 
 def _reconcile(endpoint: Endpoint) -> Endpoint:

@@ -14,19 +14,23 @@ from typing import Any, Iterator, Literal
 
 from pydantic import ValidationError
 
-from llmopt import artifact, catalog, compatibility, endpoints, serving, sources
+from llmopt import artifact, catalog, compatibility, endpoints, names, serving, sources
 from llmopt import recipe as recipes
 from llmopt.endpoints import Endpoint
 from llmopt.engine import compile_cache, platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
-from llmopt.evaluation import benchmark, pricing
+from llmopt.evaluation import benchmark, levels, pricing
+from llmopt.evaluation import workload as workloads
 from llmopt.evaluation import results as evaluation_results
 from llmopt.evaluation.levels import Events, Plan
 from llmopt.evaluation.results import EvaluationResults
 from llmopt.jobs import runner, store
 from llmopt.jobs.runner import Job
 from llmopt.jobs.store import JobRecord
+from llmopt.presentation import recommendation as recommendation_report
+from llmopt.recommend import configs, ranking, search
+from llmopt.techniques import speculative
 from llmopt.sources import Model
 
 DEFAULT_MODEL = catalog.DEFAULT_MODEL
@@ -36,7 +40,8 @@ JOB_STATUSES, ENDPOINT_STATUSES, ACTIVE_JOB_STATUSES = store.STATUSES, endpoints
 
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
-    "catalog_models", "compatibility_matrix", "deploy", "engine_config", "endpoint_logs", "evaluate", "export_command", "get_endpoint",
+    "catalog_models", "compatibility_matrix", "config_warning", "demo_recipe", "deploy", "deploy_config", "list_configs",
+    "recommend", "engine_config", "endpoint_logs", "evaluate", "export_command", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
     "remove_model", "resolve_model", "stop_endpoint", "stop_job",
@@ -94,6 +99,30 @@ def recipe_from_flags(base: Any, quantize: str | None = None, kv_cache: str | No
     """A recipe with whole sections replaced by the command line's shortcut flags."""
     flags = recipes.flag_overrides(quantize, kv_cache, speculative, compile, tensor_parallel)
     return base.merged(flags) if flags else base
+
+
+def demo_recipe(model: str, concurrency: tuple[int, ...] = (1, 4)) -> Any:
+    """What the main job optimizes with unless told otherwise: what pays on this processor by the
+    compatibility matrix's measured facts. SmoothQuant (INT8) where the matrix marks it fast here,
+    stacked with the catalogue's speculation for the model (n-gram, or its draft), swept at the
+    levels the demo compares."""
+    source = sources.resolve(model)
+    hardware, verdict = platform.detect(), compatibility.Verdict()
+    architecture = source.architecture or "unknown"
+
+    def fast_here(technique: str) -> bool:
+        row = compatibility.apply(technique, architecture, hardware, verdict)
+        return row is not None and row.status == "supported"
+
+    sections: dict[str, Any] = {}
+    if fast_here("quantization.smoothquant"):
+        sections["quantization"] = {"method": "smoothquant"}
+    catalogued = speculative.catalog_id(source)
+    method = "draft_model" if catalogued and catalog.get(catalogued).recommended_draft != "ngram" else "ngram"
+    if fast_here(f"speculative.{method}"):
+        sections["speculative"] = {"method": method, "sweep": {"concurrency": list(concurrency)}}
+    name = "-".join(s["method"].replace("_model", "") for s in sections.values()) or "baseline"
+    return recipes.parse({"name": name, **sections}, origin="demo recipe")
 
 
 def recipe_schema() -> dict[str, Any]:
@@ -163,6 +192,67 @@ def deploy(
                           api_key=api_key, insecure=insecure, trust_remote_code=trust_remote_code)
 
 
+def deploy_config(model: str, config: str, name: str | None = None, port: int | None = None, host: str = DEFAULT_HOST,
+                  timeout_s: float = DEFAULT_READY_TIMEOUT_S, api_key: str | None = None, insecure: bool = False) -> Endpoint:
+    """Deploy a model with one of its deployment configurations: its artifact is built, or reused by
+    key, then served."""
+    source = sources.resolve(model)
+    chosen = configs.get(source.id, config)
+    job = optimize(source.id, {"name": names.slug(config)[:30], **chosen.recipe})
+    if job.artifact is None:
+        record = job.record
+        raise LlmoptError(f"the job for configuration '{config}' ended {record.status}: {record.failure_reason}",
+                          f"see `llmopt jobs logs {job.name}`")
+    return deploy(str(job.artifact), name=name, port=port, host=host, timeout_s=timeout_s, api_key=api_key, insecure=insecure)
+
+
+def list_configs(model: str) -> list[configs.DeploymentConfig]:
+    """A model's deployment configurations: measured here first, then shipped."""
+    return configs.for_model(sources.resolve(model).id)
+
+
+def config_warning(config: configs.DeploymentConfig) -> str | None:
+    """What to say when a configuration's rows were measured on another kind of machine."""
+    here = platform.detect()
+    if config.same_machine(here):
+        return None
+    return (f"configuration '{config.name}' was measured on {config.hardware.cpu_model} ({config.hardware.device}); this machine "
+            f"is {here.cpu_model}: its rows may not hold here. Measure them here with: llmopt recommend {config.model}")
+
+
+def recommend(
+    model: str,
+    goal: str = "balanced",
+    slos: list[str] | tuple[str, ...] = (),
+    max_quality_loss: float | None = None,
+    dataset: str = "builtin-qa",
+    concurrency: tuple[int, ...] | list[int] = (1, 2, 4, 8),
+    requests: int = 8,
+    min_duration_s: float = 10.0,
+    budget_minutes: float | None = None,
+    recipes: list[str] | tuple[str, ...] = (),
+    output: str | Path | None = None,
+    events: Events | None = None,
+) -> search.Recommendation:
+    """Try the candidates the compatibility matrix allows for this model here, each as a job and an
+    equal-work load test at every level, rank them for `goal` under the service-level targets
+    (`slos`, e.g. "ttft_p90_ms=800"), and keep them as deployment configurations. Resumes a run with
+    the same arguments; `budget_minutes` drops the most expensive candidates by estimate first."""
+    events = events or (lambda *a, **k: None)
+    workloads.check(dataset)
+    spec = _validated(search.RecommendSpec, "recommend setting", "see `llmopt recommend --help`", dict(
+        model=model, goal=goal, slos=tuple(ranking.SLO.parse(s) for s in slos), max_quality_loss=max_quality_loss,
+        dataset=dataset, concurrency=tuple(concurrency), requests=requests, min_duration_s=min_duration_s,
+        budget_minutes=budget_minutes, recipes=tuple(recipes)))
+    rec = search.start(spec)
+    search.fit_budget(rec)
+    events("estimates", recommendation=rec)
+    rec = search.run(rec, events)
+    if output is not None:
+        recommendation_report.write(rec, Path(output))
+    return rec
+
+
 def list_endpoints(status: str | None = None) -> list[Endpoint]:
     return endpoints.list_endpoints(status)
 
@@ -217,6 +307,7 @@ def evaluate(
     concurrency: tuple[int, ...] | list[int] = (1, 4),
     requests: int | None = 16,
     duration_s: float | None = None,
+    min_duration_s: float = levels.MIN_DURATION_S,
     output: str | Path | None = None,
     hardware: str | None = None,
     price_per_hour: float | None = None,
@@ -232,7 +323,9 @@ def evaluate(
     api_key: str | None = None,
 ) -> EvaluationResults:
     """Load-test one target (an endpoint, a URL, or a model/artifact deployed for the run), or
-    compare several models/artifacts deployed in turn; writes OUTPUT/results.json and
+    compare several models/artifacts deployed in turn (throughput on equal work, latency on the
+    natural leg, each ratio with its interval). A level runs at least 4 requests per concurrent
+    user and at least `min_duration_s` seconds. Writes OUTPUT/results.json and
     OUTPUT/report.html when `output` is given. `api_key` is for a --url server that asks for one
     (llmopt's own endpoints pass theirs)."""
     chosen: list[tuple[str, Literal["endpoint", "url", "model"]]] = [
@@ -243,7 +336,7 @@ def evaluate(
     if not chosen or (len(chosen) > 1 and not compare):
         raise LlmoptError("name what to evaluate", "pass exactly one of --endpoint, --url, --model, or --compare A B ...")
     plan = _plan(dataset=dataset, concurrency=tuple(concurrency), requests=None if duration_s else requests,
-                 duration_s=duration_s, timeout_s=timeout_s, seed=seed,
+                 duration_s=duration_s, min_duration_s=min_duration_s, timeout_s=timeout_s, seed=seed,
                  goodput={"ttft_ms": ttft_target_ms, "itl_ms": itl_target_ms})
     price = pricing.choose(hardware, price_per_hour, discount, Path(hardware_file) if hardware_file else None)
     return benchmark.run(chosen, plan, price, quality, tokenizer, Path(output) if output else None,

@@ -47,13 +47,15 @@ def deploy(
     api_key: str | None = None,
     insecure: bool = False,
     trust_remote_code: bool = False,
+    temporary: bool = False,
 ) -> Endpoint:
     """Start an endpoint for `spec`; it is READY once it answers and every technique has verified it.
-    Remote code in a model folder runs only when the caller asks for it (`trust_remote_code`)."""
+    Remote code in a model folder runs only when the caller asks for it (`trust_remote_code`). A
+    `temporary` endpoint (one a run deploys for itself) is stopped when the process that deployed it dies."""
     name = name or f"{names.slug(spec.served_name, 'endpoint')[:55]}-{secrets.token_hex(3)}"
     return endpoints.launch(spec.model_path, spec.model_label, spec.served_name, spec.engine, name, _verify,
                             port=port, host=host, timeout_s=timeout_s, api_key=api_key, insecure=insecure,
-                            trust_remote_code=trust_remote_code)
+                            trust_remote_code=trust_remote_code, temporary=temporary)
 
 
 def _verify(endpoint: Endpoint) -> dict[str, Any]:

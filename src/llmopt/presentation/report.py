@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Callable
 
 from llmopt.evaluation.results import Comparison, EvaluationResults, Level, Stats, TargetResult
-from llmopt.presentation import charts
-from llmopt.presentation.format import money, num, pct, times
+from llmopt.presentation import charts, comparison
+from llmopt.presentation.format import money, num
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.html"
 
@@ -124,12 +124,7 @@ def _quality_html(target: TargetResult) -> str:
     return f"<p>Quality: {escape('; '.join(parts))}</p>" if parts else ""
 
 
-def comparison_table(comparison: Comparison) -> str:
-    rows = []
-    for row in comparison.targets:
-        agreement = row.greedy_agreement.token_agreement if row.greedy_agreement else None
-        for lvl in row.levels:
-            rows.append((row.label, lvl.concurrency, times(lvl.output_tokens_per_s), times(lvl.ttft_p50), times(lvl.itl_p50),
-                         times(lvl.latency_p50), times(lvl.blended_price), times(row.perplexity_ratio), pct(agreement)))
-    head = ("target", "concurrency", "output tok/s", "TTFT p50", "ITL p50", "latency p50", "blended price", "perplexity", "greedy agreement")
-    return f"<h2>Ratios to {escape(comparison.reference)}</h2>" + _table(head, rows)
+def comparison_table(results_comparison: Comparison) -> str:
+    head, rows = comparison.table(results_comparison)
+    return (f"<h2>Against {escape(results_comparison.reference)}</h2>" + _table(tuple(head), [tuple(r) for r in rows])
+            + f'<p class="meta">{escape(comparison.NOTE)}</p>')
