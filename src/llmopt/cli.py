@@ -34,12 +34,14 @@ jobs_app = typer.Typer(no_args_is_help=True, help="Optimization jobs.")
 recipes_app = typer.Typer(no_args_is_help=True, help="Recipes and the compatibility matrix.")
 cache_app = typer.Typer(no_args_is_help=True, help="The compile cache: compiled engine code, one entry per key.")
 configs_app = typer.Typer(no_args_is_help=True, help="Deployment configurations: recipes with measured benchmark rows.")
+evaluations_app = typer.Typer(no_args_is_help=True, help="Evaluation runs: every evaluate has a record.")
 app.add_typer(models_app, name="models")
 app.add_typer(endpoints_app, name="endpoints")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(cache_app, name="cache")
 app.add_typer(configs_app, name="configs")
+app.add_typer(evaluations_app, name="evaluations")
 
 console = Console()
 err = Console(stderr=True)
@@ -467,8 +469,19 @@ def evaluate(
     seed: int = typer.Option(0, help="Workload sampling seed."),
     api_key: Optional[str] = typer.Option(None, envvar="LLMOPT_API_KEY", show_envvar=True,
                                           help="Key for a --url server that asks for one."),
+    name: Optional[str] = typer.Option(None, help="Name of the evaluation's record (default: generated)."),
+    background: bool = typer.Option(False, "--background", help="Run in a worker process; follow it with `llmopt evaluations`."),
 ) -> None:
     """Load-test at several concurrency levels and report latency, throughput, price and quality."""
+    if background:
+        record = sdk.evaluate(endpoint=endpoint, url=url, model=model, compare=compare, dataset=dataset,
+                              concurrency=_levels(concurrency), requests=requests, duration_s=duration,
+                              min_duration_s=min_duration, hardware=hardware, price_per_hour=price_per_hour,
+                              discount=discount, hardware_file=hardware_file, quality=quality, tokenizer=tokenizer,
+                              ttft_target_ms=ttft_target, itl_target_ms=itl_target, timeout_s=timeout, seed=seed,
+                              api_key=api_key, name=name, background=True)
+        console.print(f"evaluation [bold]{record.name}[/] started; follow it with: llmopt evaluations describe {record.name}")
+        return
     with _evaluation_progress() as events:
         results = sdk.evaluate(endpoint=endpoint, url=url, model=model, compare=compare, dataset=dataset,
                                concurrency=_levels(concurrency), requests=requests, duration_s=duration,
@@ -476,7 +489,7 @@ def evaluate(
                                hardware=hardware, price_per_hour=price_per_hour, discount=discount,
                                hardware_file=hardware_file, quality=quality, tokenizer=tokenizer,
                                ttft_target_ms=ttft_target, itl_target_ms=itl_target, timeout_s=timeout, seed=seed,
-                               events=events, api_key=api_key)
+                               events=events, api_key=api_key, name=name)
     terminal.evaluation(results, console)
     skipped = results.workload.skipped_lines if results.workload else None
     if skipped:
@@ -485,6 +498,31 @@ def evaluate(
     aborted = [t.aborted for t in results.targets if t.aborted]
     if aborted:
         raise sdk.LlmoptError(f"run ended early: {aborted[0]}", f"partial results were saved in {output}")
+
+
+@evaluations_app.command("list")
+def evaluations_list(status: Optional[str] = typer.Option(None, help="Only this status."), as_json: bool = JSON) -> None:
+    found = sdk.list_evaluations(status)
+    if as_json:
+        return _json(found)
+    rows = [[e.name, e.status, ", ".join(spec for spec, _ in e.arguments["targets"]), e.arguments["plan"]["dataset"],
+             when(e.created_at), e.progress.stage, e.failure_reason or e.output_dir] for e in found]
+    terminal.listing(console, "Evaluations", ["name", "status", "targets", "dataset", "created", "progress", "results / reason"], rows)
+
+
+@evaluations_app.command("describe")
+def evaluations_describe(name: str, as_json: bool = JSON) -> None:
+    _json(sdk.get_evaluation(name))
+
+
+@evaluations_app.command("logs")
+def evaluations_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f")) -> None:
+    _print_lines(sdk.evaluation_logs(name, follow))
+
+
+@evaluations_app.command("stop")
+def evaluations_stop(name: str) -> None:
+    console.print(f"{name}: {sdk.stop_evaluation(name).status}")
 
 
 # -- demo ---------------------------------------------------------------------------------------

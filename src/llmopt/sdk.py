@@ -9,6 +9,8 @@ and nothing else, so a feature exists once, here.
 
 from __future__ import annotations
 
+import secrets
+import time
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -20,15 +22,16 @@ from llmopt.endpoints import Endpoint
 from llmopt.engine import compile_cache, platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
-from llmopt.evaluation import benchmark, levels, pricing
+from llmopt.evaluation import levels, pricing, runs
+from llmopt.evaluation import results as evaluation_results_module
 from llmopt.evaluation import workload as workloads
-from llmopt.evaluation import results as evaluation_results
 from llmopt.evaluation.levels import Events, Plan
 from llmopt.evaluation.results import EvaluationResults
 from llmopt.jobs import runner, store
 from llmopt.jobs.runner import Job
 from llmopt.jobs.store import JobRecord
 from llmopt.presentation import recommendation as recommendation_report
+from llmopt.presentation import report
 from llmopt.recommend import configs, ranking, search
 from llmopt.techniques import speculative
 from llmopt.sources import Model
@@ -41,7 +44,7 @@ JOB_STATUSES, ENDPOINT_STATUSES, ACTIVE_JOB_STATUSES = store.STATUSES, endpoints
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
     "catalog_models", "compatibility_matrix", "config_warning", "demo_recipe", "deploy", "deploy_config", "list_configs",
-    "recommend", "engine_config", "endpoint_logs", "evaluate", "export_command", "get_endpoint",
+    "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
     "remove_model", "resolve_model", "stop_endpoint", "stop_job",
@@ -321,13 +324,18 @@ def evaluate(
     seed: int = 0,
     events: Events | None = None,
     api_key: str | None = None,
-) -> EvaluationResults:
+    name: str | None = None,
+    background: bool = False,
+) -> EvaluationResults | runs.EvaluationRecord:
     """Load-test one target (an endpoint, a URL, or a model/artifact deployed for the run), or
     compare several models/artifacts deployed in turn (throughput on equal work, latency on the
     natural leg, each ratio with its interval). A level runs at least 4 requests per concurrent
     user and at least `min_duration_s` seconds. Writes OUTPUT/results.json and
     OUTPUT/report.html when `output` is given. `api_key` is for a --url server that asks for one
-    (llmopt's own endpoints pass theirs)."""
+    (llmopt's own endpoints pass theirs).
+
+    Every evaluation is recorded (`list_evaluations`), its results kept under its name. With
+    `background`, it runs in a worker process of its own and this returns its record at once."""
     chosen: list[tuple[str, Literal["endpoint", "url", "model"]]] = [
         (v, k) for v, k in ((endpoint, "endpoint"), (url, "url"), (model, "model")) if v  # type: ignore[misc]
     ]
@@ -339,14 +347,47 @@ def evaluate(
                  duration_s=duration_s, min_duration_s=min_duration_s, timeout_s=timeout_s, seed=seed,
                  goodput={"ttft_ms": ttft_target_ms, "itl_ms": itl_target_ms})
     price = pricing.choose(hardware, price_per_hour, discount, Path(hardware_file) if hardware_file else None)
-    return benchmark.run(chosen, plan, price, quality, tokenizer, Path(output) if output else None,
-                         events or (lambda *a, **k: None), api_key)
+    workloads.check(plan.dataset, tokenizer)
+    name = names.check(name, "evaluation") if name else f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    record = runs.create(name, {"targets": chosen, "plan": plan.model_dump(mode="json"), "price": price.model_dump(mode="json"),
+                                "quality": quality, "tokenizer": tokenizer, "api_key": api_key})
+    if background:
+        runs.spawn(name)
+        return runs.get(name)
+    results = runs.execute(name, events)
+    if output is not None:
+        report.write(results, Path(output))
+    return results
+
+
+def list_evaluations(status: str | None = None) -> list[runs.EvaluationRecord]:
+    return runs.list_runs(status)
+
+
+def get_evaluation(name: str) -> runs.EvaluationRecord:
+    return runs.get(name)
+
+
+def stop_evaluation(name: str) -> runs.EvaluationRecord:
+    return runs.stop(name)
+
+
+def evaluation_logs(name: str, follow: bool = False) -> Iterator[str]:
+    return _lines(Path(runs.get(name).log_path), follow, lambda: runs.get(name).status in runs.ACTIVE)
+
+
+def evaluation_results(name: str) -> EvaluationResults:
+    """A recorded evaluation's results (as far as it got, while it runs)."""
+    record = runs.get(name)
+    if not record.results_file.is_file():
+        raise LlmoptError(f"evaluation '{name}' has no results yet ({record.status})", "wait for its first level to finish")
+    return evaluation_results_module.load(record.results_file)
 
 
 def load_results(path: str | Path) -> EvaluationResults:
     """An evaluation's results.json (a folder holding one, or the file)."""
     path = Path(path)
-    return evaluation_results.load(path / "results.json" if path.is_dir() else path)
+    return evaluation_results_module.load(path / "results.json" if path.is_dir() else path)
 
 
 def engine_config(**settings: Any) -> EngineConfig:
