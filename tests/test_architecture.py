@@ -99,9 +99,19 @@ def test_only_the_engine_layer_knows_vllm_flags_and_environment() -> None:
 
 
 def test_the_cli_reaches_only_the_sdk_and_presentation() -> None:
+    """The studio is the other face over the SDK: the CLI may start it, nothing more."""
     modules = _modules()
     used = _imports("llmopt.cli", SRC / "cli.py", modules)
-    assert {m for m in used if m != "llmopt.sdk" and not m.startswith("llmopt.presentation")} == set()
+    assert {m for m in used if m not in ("llmopt.sdk", "llmopt.studio.app") and not m.startswith("llmopt.presentation")} == set()
+
+
+def test_the_studio_acts_only_through_the_sdk() -> None:
+    """Pages and API read records and results, but every action goes through the SDK."""
+    modules = _modules()
+    acting = {"llmopt.jobs.runner", "llmopt.serving", "llmopt.endpoints", "llmopt.evaluation.benchmark", "llmopt.recommend.search"}
+    for name, path in modules.items():
+        if name.startswith("llmopt.studio"):
+            assert not _imports(name, path, modules) & acting, name
 
 
 def test_no_technique_is_named_outside_its_module_and_the_registry() -> None:

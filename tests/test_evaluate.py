@@ -82,13 +82,14 @@ def test_a_target_against_its_own_copy_is_no_measurable_difference(smol, baselin
 def test_equal_work_ratio_matches_the_decode_speed_ratio(baseline, smoothquant, tmp_path: Path) -> None:
     """Outputs of different lengths (INT8 rounds differently): the equal-work ratio of output tokens/s
     agrees within 10% with the ratio of fixed-length decode speeds, where the natural one need not."""
-    stories = tmp_path / "stories.jsonl"
-    stories.write_text("".join(json.dumps({"prompt": f"Write a short story about {topic}.", "max_tokens": 160}) + "\n"
-                               for topic in ("a lighthouse", "a lost key", "a river", "a winter market", "a clockmaker",
-                                             "a garden", "a train", "a kite")))
+    stories = tmp_path / "sentences.jsonl"
+    stories.write_text("".join(json.dumps({"prompt": f"Write two sentences about {topic}.", "max_tokens": 120}) + "\n"
+                               for topic in ("a lighthouse", "a lost key", "a river in spring", "a winter market",
+                                             "a clockmaker", "a walled garden", "a night train", "a red kite")))
     targets = [str(baseline.artifact), str(smoothquant.artifact)]
-    natural = llmopt.evaluate(compare=targets, dataset=str(stories), concurrency=[1], requests=8, min_duration_s=0, quality=False)
-    fixed = llmopt.evaluate(compare=targets, dataset="synthetic:32,128", concurrency=[1], requests=8, min_duration_s=0,
+    natural = llmopt.evaluate(compare=targets, dataset=str(stories), concurrency=[1], requests=16, min_duration_s=0, quality=False)
+    median = sorted(s.served_tokens for s in natural.targets[0].levels[0].requests)[8]
+    fixed = llmopt.evaluate(compare=targets, dataset=f"synthetic:24,{median}", concurrency=[1], requests=16, min_duration_s=0,
                             quality=False)
     lengths = [sorted(s.served_tokens for s in t.levels[0].requests) for t in natural.targets]
     assert lengths[0] != lengths[1], "the two targets must answer at different lengths for this test to mean anything"

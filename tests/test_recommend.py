@@ -96,7 +96,7 @@ def test_recommend_end_to_end_resumed_after_a_kill(smol: sources.Model, baseline
     assert pick is not None and rec.pareto_throughput and rec.pareto_price
     assert f"pick for latency: {pick.candidate}" in " ".join(resumed.stdout.split())
     html = (tmp_path / "again" / "report.html").read_text()
-    assert html.count("<circle") == len(rec.rows) and 'class="front"' in html
+    assert html.count("<circle") == 2 * len(rec.rows) and 'class="front"' in html
     # the pick is a measured deployment configuration now, and deploys
     found = {c.name: c for c in llmopt.list_configs(smol.id)}
     assert found[pick.candidate].source == "measured" and "latency" in found[pick.candidate].picks

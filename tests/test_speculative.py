@@ -69,7 +69,7 @@ def test_a_draft_that_cannot_be_accepted_fails_at_the_sweep(smol, tmp_path: Path
 
     folder = tmp_path / "random-draft"
     torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+    config = AutoConfig.for_model(model_type="llama", hidden_size=128, intermediate_size=256, num_attention_heads=4,
                                   num_key_value_heads=2, num_hidden_layers=2, vocab_size=49152, max_position_embeddings=8192)
     AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):

@@ -525,6 +525,22 @@ def evaluations_stop(name: str) -> None:
     console.print(f"{name}: {sdk.stop_evaluation(name).status}")
 
 
+# -- studio -------------------------------------------------------------------------------------
+
+
+@app.command()
+def studio(
+    host: str = typer.Option("127.0.0.1", help="Address to bind (another needs --insecure or --token)."),
+    port: int = typer.Option(8765, help="Port."),
+    token: Optional[str] = typer.Option(None, envvar="LLMOPT_STUDIO_TOKEN", help="The access token (default: generated)."),
+    insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback host without a token of your own."),
+) -> None:
+    """The web studio: the SDK in a browser (offline, token-protected). Prints the URL to open."""
+    from llmopt.studio import app as studio_app
+
+    studio_app.serve(host=host, port=port, token=token, insecure=insecure)
+
+
 # -- demo ---------------------------------------------------------------------------------------
 
 

@@ -7,9 +7,10 @@ in output tokens/s while it finishes the same requests sooner (a SmoothQuant art
 answers averaged 24.6 tokens against 41.2 came out at 0.95x output tokens/s while it ran 1.58x
 the requests/s). Latency (TTFT, time per output token, request latency) compares the natural leg.
 
-Each ratio carries a 95% interval from a bootstrap over requests (on the log scale, with Student's
-t for the few requests a level has), widened to the noise between deployments that a bootstrap
-within one run cannot see (`NOISE`); an interval that spans 1.0 is no measurable difference.
+Each ratio carries a 95% interval from a bootstrap over the prompts both sides ran, paired (on the
+log scale, with Student's t for the few prompts a level has), widened to the noise between
+deployments that a bootstrap within one run cannot see (`NOISE`); an interval that spans 1.0 is
+no measurable difference.
 """
 
 from __future__ import annotations
@@ -29,10 +30,6 @@ BOOTSTRAP_ROUNDS = 1000
 NOISE = 0.03
 
 
-def _picks(n: int, rng: np.random.Generator) -> np.ndarray:
-    return rng.integers(0, n, size=(BOOTSTRAP_ROUNDS, n))
-
-
 def _t975(df: int) -> float:
     """Student's t at 97.5% (Cornish-Fisher; within 0.1% of the table from 3 degrees of freedom up)."""
     z = 1.959964
@@ -50,46 +47,69 @@ def _interval(point: float, ratios: np.ndarray, n: int) -> tuple[float, float]:
     return min(low, point * (1 - NOISE)), max(high, point * (1 + NOISE))
 
 
-def _rates(level: Level, weight: Callable[[RequestSample], float], picks: np.ndarray) -> np.ndarray:
-    """Little's law on each resample: a closed loop of `concurrency` users completes concurrency /
-    latency requests a second, so it produces concurrency x sum(weight) / sum(latency) a second."""
-    weights = np.array([weight(s) for s in level.requests])
-    latency = np.array([s.latency_ms for s in level.requests]) / 1000
-    return level.concurrency * weights[picks].sum(axis=1) / np.maximum(latency[picks].sum(axis=1), 1e-12)
+def _per_prompt(level: Level, prompts: list[int], value: Callable[[RequestSample], float | None],
+                reduce: Callable[[list[float]], float]) -> np.ndarray:
+    """One figure per prompt (its requests' values reduced), in the order of `prompts`."""
+    found: dict[int, list[float]] = {}
+    for sample in level.requests:
+        v = value(sample)
+        if v is not None:
+            found.setdefault(sample.prompt, []).append(v)
+    return np.array([reduce(found[p]) for p in prompts])
+
+
+def _prompts(mine: Level, ref: Level, value: Callable[[RequestSample], float | None]) -> list[int]:
+    """The prompts both levels completed: the two sides of an equal comparison, resampled together."""
+    def having(level: Level) -> set[int]:
+        return {s.prompt for s in level.requests if value(s) is not None}
+
+    return sorted(having(mine) & having(ref))
 
 
 def throughput_ratio(mine: Level, ref: Level, value: float, ref_value: float, weight: Callable[[RequestSample], float],
                      better: Literal["higher", "lower"], leg: Literal["natural", "equal work"]) -> Ratio | None:
-    """The measured ratio; its interval from the bootstrap spread of the Little's-law estimate."""
+    """The measured ratio; its interval from a bootstrap over the prompts both sides ran (paired:
+    how hard each prompt is cancels out), of Little's-law rates: a closed loop of `concurrency`
+    users, each request taking its latency, makes concurrency x weight / latency a second."""
     if value <= 0 or ref_value <= 0:
         return None
     measured = value / ref_value
+    prompts = _prompts(mine, ref, lambda s: s.latency_ms)
     ratios = np.array([])
-    if len(mine.requests) > 1 and len(ref.requests) > 1:
+    if len(prompts) > 2:
         rng = np.random.default_rng(0)
-        every = np.arange(len(mine.requests))[None, :], np.arange(len(ref.requests))[None, :]
-        full = _rates(mine, weight, every[0])[0] / _rates(ref, weight, every[1])[0]
-        boot = _rates(mine, weight, _picks(len(mine.requests), rng)) / _rates(ref, weight, _picks(len(ref.requests), rng))
-        ratios = boot / full * measured
+        picks = rng.integers(0, len(prompts), size=(BOOTSTRAP_ROUNDS, len(prompts)))
+        sides = []
+        for level in (mine, ref):
+            w = _per_prompt(level, prompts, weight, lambda v: float(np.mean(v)))
+            lat = _per_prompt(level, prompts, lambda s: s.latency_ms / 1000, lambda v: float(np.mean(v)))
+            sides.append((level.concurrency * w[picks].sum(axis=1) / np.maximum(lat[picks].sum(axis=1), 1e-12),
+                          level.concurrency * w.sum() / max(lat.sum(), 1e-12)))
+        (boot_mine, full_mine), (boot_ref, full_ref) = sides
+        ratios = (boot_mine / boot_ref) / (full_mine / full_ref) * measured
     if better == "lower":  # price is the inverse of tokens/s
         measured, ratios = 1 / measured, 1 / ratios
-    low, high = _interval(measured, ratios, min(len(mine.requests), len(ref.requests)))
+    low, high = _interval(measured, ratios, len(prompts))
     return Ratio(value=measured, low=low, high=high, leg=leg, better=better)
 
 
 def latency_ratio(mine: Level, ref: Level, stats: Callable[[Level], Stats | None], field: str) -> Ratio | None:
-    """The ratio of medians (lower is better); its interval from a bootstrap of both medians."""
+    """The ratio of medians (lower is better); its interval from a paired bootstrap over prompts
+    of the medians of each prompt's values."""
     mine_stats, ref_stats = stats(mine), stats(ref)
     if mine_stats is None or ref_stats is None or ref_stats.p50 <= 0:
         return None
     point = mine_stats.p50 / ref_stats.p50
-    a = np.array([getattr(s, field) for s in mine.requests if getattr(s, field) is not None])
-    b = np.array([getattr(s, field) for s in ref.requests if getattr(s, field) is not None])
+    value: Callable[[RequestSample], float | None] = lambda s: getattr(s, field)  # noqa: E731
+    prompts = _prompts(mine, ref, value)
     ratios = np.array([])
-    if len(a) > 1 and len(b) > 1:
+    if len(prompts) > 2:
         rng = np.random.default_rng(0)
-        ratios = np.median(a[_picks(len(a), rng)], axis=1) / np.maximum(np.median(b[_picks(len(b), rng)], axis=1), 1e-12)
-    low, high = _interval(point, ratios, min(len(a), len(b)))
+        picks = rng.integers(0, len(prompts), size=(BOOTSTRAP_ROUNDS, len(prompts)))
+        a, b = (_per_prompt(level, prompts, value, lambda v: float(np.median(v))) for level in (mine, ref))
+        ratios = np.median(a[picks], axis=1) / np.maximum(np.median(b[picks], axis=1), 1e-12)
+        ratios *= point / (float(np.median(a)) / max(float(np.median(b)), 1e-12))
+    low, high = _interval(point, ratios, len(prompts))
     return Ratio(value=point, low=low, high=high, leg="natural", better="lower")
 
 

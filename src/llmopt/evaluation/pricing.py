@@ -87,8 +87,8 @@ def profiles(extra_file: Path | None = None) -> dict[str, HardwareProfile]:
 
 def choose(profile: str | None, price_per_hour: float | None, discount: float | None, extra_file: Path | None = None) -> HardwareProfile:
     if price_per_hour is not None:
-        if price_per_hour <= 0:
-            raise LlmoptError("--price-per-hour must be positive", "give the instance's hourly price, e.g. 1.006")
+        if not 0 < price_per_hour <= 1e6:
+            raise LlmoptError(f"--price-per-hour {price_per_hour:g} is not an hourly price", "give the instance's hourly price, e.g. 1.006")
         base = _profile("custom", "price given on the command line", price_per_hour, "user")
     else:
         table = profiles(extra_file)

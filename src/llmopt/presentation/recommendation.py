@@ -58,16 +58,23 @@ def table(rec: Recommendation, console: Console) -> None:
                   f"({score(chosen, goal):.2f} by the goal's measure); deploy it with: {rec.deploy_command(goal)}")
 
 
-def html(rec: Recommendation) -> str:
+def pareto_charts(rec: Recommendation) -> list[str]:
+    """Both Pareto fronts, drawn (the report's and the studio's)."""
     label = lambda r: f"{r.candidate}@{r.concurrency}"  # noqa: E731
-    throughput = charts.scatter_chart(
-        "Tokens/s per user against total tokens/s", "total output tokens/s", "output tokens/s per user",
-        {label(r): (r.total_tokens_per_s, r.tokens_per_s_per_user) for r in rec.rows},
-        [label(r) for r in sorted(rec.pareto_throughput, key=lambda r: r.total_tokens_per_s)])
-    price = charts.scatter_chart(
-        "Price against latency", "request latency p90 (ms)", "$ per 1M tokens (blended)",
-        {label(r): (r.latency_p90_ms, r.blended_per_million) for r in rec.rows if r.latency_p90_ms and r.blended_per_million},
-        [label(r) for r in sorted(rec.pareto_price, key=lambda r: r.latency_p90_ms or 0)])
+    return [
+        charts.scatter_chart(
+            "Tokens/s per user against total tokens/s", "total output tokens/s", "output tokens/s per user",
+            {label(r): (r.total_tokens_per_s, r.tokens_per_s_per_user) for r in rec.rows},
+            [label(r) for r in sorted(rec.pareto_throughput, key=lambda r: r.total_tokens_per_s)]),
+        charts.scatter_chart(
+            "Price against latency", "request latency p90 (ms)", "$ per 1M tokens (blended)",
+            {label(r): (r.latency_p90_ms, r.blended_per_million) for r in rec.rows if r.latency_p90_ms and r.blended_per_million},
+            [label(r) for r in sorted(rec.pareto_price, key=lambda r: r.latency_p90_ms or 0)]),
+    ]
+
+
+def html(rec: Recommendation) -> str:
+    throughput, price = pareto_charts(rec)
     body = "".join("<tr" + (' class="miss"' if r.misses else "") + ">" + "".join(f"<td>{escape(c)}</td>" for c in cells(r)) + "</tr>"
                    for r in ranked(rec))
     chosen = rec.picks.get(rec.spec.goal)

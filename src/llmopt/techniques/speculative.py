@@ -328,7 +328,9 @@ def _row(base: Level, spec: Level) -> SweepRow:
     speedup = compare.throughput_ratio(spec, base, spec.output_tokens_per_s, base.output_tokens_per_s,
                                        lambda s: s.output_tokens, "higher", "equal work")
     if speedup is None:
-        raise LlmoptError(f"the sweep measured no output at concurrency {base.concurrency}", "read the engine logs of the sweep")
+        errors = {**base.errors, **spec.errors}
+        raise LlmoptError(f"the sweep's requests at concurrency {base.concurrency} produced nothing"
+                          + (f" ({next(iter(errors))})" if errors else ""), "read the engine logs of the sweep (sweep-*.log)")
     tpot = (base.tpot_ms.p50 / spec.tpot_ms.p50) if base.tpot_ms and spec.tpot_ms and spec.tpot_ms.p50 else None
     ttft = (spec.ttft_ms.p50 - base.ttft_ms.p50) if base.ttft_ms and spec.ttft_ms else None
     return SweepRow(concurrency=base.concurrency, output_tokens_per_s=round(spec.output_tokens_per_s, 2),
