@@ -153,6 +153,11 @@ def server_argv(model_path: str, config: EngineConfig, served_name: str, host: s
             *flags(config, served_name, trust_remote_code, chat_template, guarded)]
 
 
+def chat_env(has_chat_template: bool) -> dict[str, str]:
+    """For a model with no chat template: the guard answers chat requests with what to do."""
+    return {} if has_chat_template else {guard.NO_CHAT_ENV: "1"}
+
+
 def secret_env(api_key: str | None) -> dict[str, str]:
     """How the API key reaches the server: in its environment, never on a command line or in a log."""
     return {guard.API_KEY_ENV: api_key} if api_key else {}
