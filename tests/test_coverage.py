@@ -33,7 +33,7 @@ def _write_gguf(path: Path, add_bos: bool) -> Path:
                 else f.parts[i].tolist()[0] for i in f.data]
 
     rng = np.random.default_rng(0)
-    vocab, hidden, ff, heads, kv, layers = 49152, 64, 128, 4, 2, 2
+    vocab, hidden, ff, heads, kv, layers = 49152, 128, 256, 4, 2, 2  # head_dim 32: the smallest vLLM CPU attends
     writer = gguf_lib.GGUFWriter(str(path), "llama")
     writer.add_context_length(2048)
     writer.add_embedding_length(hidden)

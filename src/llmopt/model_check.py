@@ -15,11 +15,24 @@ import math
 from pathlib import Path
 
 from llmopt import corpus
+from llmopt.engine import vllm
+from llmopt.engine.platform import Hardware
 from llmopt.errors import LlmoptError
 from llmopt.gguf import TokenizerRules
 
 MAX_TOKENS = 256  # of held-out text: enough to tell the rules apart, seconds even for a 1.5B model
 MARGIN = 0.9  # the opposite rule must beat the tokenizer's by more than 10% to count as preferred
+
+
+def attends_here(config: dict, hardware: Hardware) -> None:
+    """vLLM's attention on this device takes the model's head size (checked before an engine starts)."""
+    sizes = vllm.attention_head_sizes(hardware)
+    heads = config.get("num_attention_heads") or config.get("n_head")
+    hidden = config.get("hidden_size") or config.get("n_embd")
+    head = config.get("head_dim") or (hidden // heads if hidden and heads else None)
+    if sizes and head and head not in sizes:
+        raise LlmoptError(f"vLLM's {hardware.device.upper()} attention takes head sizes {', '.join(map(str, sizes))}; "
+                          f"this model's is {head}", "serve it on a GPU, or use a model with a supported head size")
 
 
 def tokenizer_follows(folder: Path, rules: TokenizerRules) -> None:

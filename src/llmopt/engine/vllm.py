@@ -186,6 +186,16 @@ def shell_command(argv: list[str], env: dict[str, str]) -> str:
     return " ".join([*assignments, *(shlex.quote(a) for a in ["python", *argv[1:]])])
 
 
+def attention_head_sizes(hw: platform.Hardware) -> list[int] | None:
+    """The head sizes vLLM's attention takes on this device; None where llmopt knows no limit. On
+    CPU an unsupported one passes the engine's start and kills it at the first request."""
+    if hw.device != "cpu":
+        return None
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
 def kernels(log_text: str) -> dict[str, str]:
     """The linear kernel vLLM chose per layer type, from its log."""
     return {layer: kernel for kernel, layer in KERNEL_LINE.findall(log_text)}
