@@ -108,10 +108,25 @@ def models_show(model_id: str, as_json: bool = JSON) -> None:
 def models_import(
     spec: str = typer.Argument(..., help="Catalogue id, Hugging Face folder or .gguf file."),
     name: Optional[str] = typer.Option(None, help="Id to store it under."),
+    chat_template: Optional[Path] = typer.Option(None, help="A Jinja chat template, for a model that has none."),
 ) -> None:
+    """Import a model, checked (tokenizer rules, perplexity, chat template)."""
     with _working(f"importing {spec}"):
-        model = sdk.import_model(spec, name=name)
-    console.print(f"imported [bold]{model.id}[/] ({megabytes(model.size_bytes)}, sha256 {model.content_hash[:12]}) at {model.path}")
+        model = sdk.import_model(spec, name=name, chat_template=chat_template)
+    console.print(f"imported [bold]{model.id}[/] ({megabytes(model.size_bytes)}, sha256 {model.content_hash[:12]}) at {model.path}; "
+                  f"perplexity {model.perplexity} on held-out text; chat template: {model.chat_template or 'none'}")
+    if model.chat_template is None:
+        _warn([f"{model.id} has no chat template: chat requests will be refused with what to do; "
+               "deploy it with --chat-template FILE, or import it again with one"])
+
+
+@models_app.command("matrix")
+def models_matrix(as_json: bool = JSON) -> None:
+    """Which architectures go through which techniques here: from runs, with the date, or why not."""
+    head, rows = sdk.coverage_matrix()
+    if as_json:
+        return _json([dict(zip(head, row)) for row in rows])
+    terminal.listing(console, "Supported models, from runs (benchmarks/coverage.py)", head, rows)
 
 
 @models_app.command("remove")
@@ -137,6 +152,7 @@ def deploy(
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without an API key."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Run code the model's folder ships (never from a manifest)."),
     config: Optional[str] = typer.Option(None, help="A deployment configuration of the model (see `llmopt configs list`)."),
+    chat_template: Optional[Path] = typer.Option(None, help="A Jinja chat template, for a model that has none."),
 ) -> None:
     """Start an endpoint and return once it is ready; it keeps serving after this command exits."""
     overrides = {k: v for k, v in {"max_model_len": max_model_len, "kv_cache_gib": kv_cache_gib}.items() if v is not None}
@@ -153,7 +169,7 @@ def deploy(
     else:
         with _working(f"starting vLLM for {model}"):
             endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
-                                  insecure=insecure, trust_remote_code=trust_remote_code)
+                                  insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template)
     console.print(f"endpoint [bold]{endpoint.name}[/] ready at {endpoint.url} in {endpoint.seconds_to_ready:.1f} s"
                   + (" (every route asks for the API key)" if endpoint.api_key else ""))
     if endpoint.start is not None:

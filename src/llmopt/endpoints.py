@@ -97,6 +97,7 @@ def launch(
     trust_remote_code: bool = False,
     chat_template: str | None = None,
     temporary: bool = False,
+    chat: bool = True,
 ) -> Endpoint:
     """Claim the name, start a server, wait until it answers and `verify` has proven what its settings
     promise; on any failure the server is stopped and the record says why.
@@ -116,7 +117,8 @@ def launch(
         vllm.check_port_free(host, port)
     hw = platform.detect()
     log_path = paths.logs_dir() / f"endpoint-{name}.log"
-    env = vllm.environment(engine, hw)
+    has_chat = chat or chat_template is not None
+    env = {**vllm.environment(engine, hw), **vllm.chat_env(has_chat)}
     endpoint = Endpoint(name=name, model=model_label, model_path=model_path, served_name=served_name, host=host, port=port,
                         log_path=str(log_path), engine=engine, environment=env, trust_remote_code=trust_remote_code,
                         chat_template=chat_template, started_at=time.time(), api_key=api_key,
@@ -128,7 +130,7 @@ def launch(
         with compile_cache.Watch(compile_cache.entry_for(model_path, engine, hw)) as cache:
             endpoint.environment = env = {**env, **cache.entry.env}
             argv = vllm.server_argv(model_path, engine, served_name, host, port, trust_remote_code, chat_template,
-                                    guarded=api_key is not None)
+                                    guarded=api_key is not None or not has_chat)
             server = vllm.start_server(argv, env, log_path, host, port, secret_env=vllm.secret_env(api_key))
             ENDPOINTS.update(name, pid=server.pid, pid_create_time=server.create_time, environment=env)
             endpoint.pid, endpoint.pid_create_time = server.pid, server.create_time

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Literal
 
 from pydantic import ValidationError
 
-from llmopt import artifact, catalog, compatibility, endpoints, names, serving, sources
+from llmopt import artifact, catalog, compatibility, coverage, endpoints, names, serving, sources
 from llmopt import recipe as recipes
 from llmopt.endpoints import Endpoint
 from llmopt.engine import compile_cache, platform, vllm
@@ -43,7 +43,7 @@ JOB_STATUSES, ENDPOINT_STATUSES, ACTIVE_JOB_STATUSES = store.STATUSES, endpoints
 
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
-    "catalog_models", "compatibility_matrix", "config_warning", "demo_recipe", "deploy", "deploy_config", "list_configs",
+    "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warning", "demo_recipe", "deploy", "deploy_config", "list_configs",
     "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
@@ -54,14 +54,20 @@ __all__ = [
 # -- models -------------------------------------------------------------------------------------
 
 
-def import_model(spec: str, name: str | None = None) -> Model:
-    """Import a catalogue id, a Hugging Face folder or a GGUF file into the model store."""
-    return sources.import_model(spec, name=name)
+def import_model(spec: str, name: str | None = None, chat_template: str | Path | None = None) -> Model:
+    """Import a catalogue id, a Hugging Face folder or a GGUF file into the model store, checked;
+    `chat_template` (a Jinja file) for a model that has none of its own."""
+    return sources.import_model(spec, name=name, chat_template=chat_template)
 
 
 def resolve_model(spec: str) -> Model:
     """An imported model by id or store path, or a catalogue id, folder or GGUF file, imported on first use."""
     return sources.resolve(spec)
+
+
+def coverage_matrix() -> tuple[list[str], list[list[str]]]:
+    """The supported-models matrix, from runs on this machine kind (`benchmarks/coverage.py`)."""
+    return coverage.matrix(coverage.load())
 
 
 def list_models() -> list[Model]:
@@ -184,6 +190,7 @@ def deploy(
     api_key: str | None = None,
     insecure: bool = False,
     trust_remote_code: bool = False,
+    chat_template: str | Path | None = None,
 ) -> Endpoint:
     """Serve a model or an optimized artifact; returns once the endpoint answers.
 
@@ -192,7 +199,7 @@ def deploy(
     (`endpoint.headers` carries it); a host other than loopback needs one, or `insecure`.
     """
     return serving.deploy(serving.for_target(model, engine), name=name, port=port, host=host, timeout_s=timeout_s,
-                          api_key=api_key, insecure=insecure, trust_remote_code=trust_remote_code)
+                          api_key=api_key, insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template)
 
 
 def deploy_config(model: str, config: str, name: str | None = None, port: int | None = None, host: str = DEFAULT_HOST,

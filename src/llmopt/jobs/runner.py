@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from typing import Any
 
-from llmopt import names, paths, procs, serving, sources, techniques
+from llmopt import model_check, names, paths, procs, serving, sources, techniques
 from llmopt.endpoints import Endpoint
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
@@ -78,6 +79,7 @@ def create(model: str, recipe: Any, name: str | None = None, output: str | Path 
     _check_output(output_dir)
     source = sources.resolve(model)
     hardware = platform.detect()
+    model_check.attends_here(json.loads((Path(source.path) / "config.json").read_text()), hardware)
     verdict = techniques.check(recipe, source, hardware)
     verdict.raise_if_refused()
     key = pipeline.artifact_key(source, recipe, hardware)
