@@ -52,4 +52,4 @@ if [ "$test_tools" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || apt_install chromium
 fi
 
-.venv/bin/python -c "import vllm, llmopt.techniques.quantize as q; q.load_llmcompressor(); print('llmopt ready: vllm', vllm.__version__, '| llm-compressor 0.12.0.2')"
+.venv/bin/python -c "import vllm, llmopt.techniques.quantization as q; q.load_llmcompressor(); print('llmopt ready: vllm', vllm.__version__, '| llm-compressor 0.12.0.2')"

@@ -51,7 +51,7 @@ SCREENSHOTS = Path(__file__).parent / "screenshots"
 def tiny_model_folder(path: Path, architecture: str = "LlamaForCausalLM") -> Path:
     """A Hugging Face folder the model store accepts: config, complete safetensors, tokenizer."""
     path.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": [architecture], "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+    config = {"architectures": [architecture], "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
               "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 128, "max_position_embeddings": 2048}
     (path / "config.json").write_text(json.dumps(config))
     header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()

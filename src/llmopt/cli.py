@@ -110,11 +110,12 @@ def models_import(
     name: Optional[str] = typer.Option(None, help="Id to store it under."),
     chat_template: Optional[Path] = typer.Option(None, help="A Jinja chat template, for a model that has none."),
 ) -> None:
-    """Import a model, checked (tokenizer rules, perplexity, chat template)."""
+    """Import a model, checked (a GGUF's tokenizer rules and perplexity, the chat template)."""
     with _working(f"importing {spec}"):
         model = sdk.import_model(spec, name=name, chat_template=chat_template)
     console.print(f"imported [bold]{model.id}[/] ({megabytes(model.size_bytes)}, sha256 {model.content_hash[:12]}) at {model.path}; "
-                  f"perplexity {model.perplexity} on held-out text; chat template: {model.chat_template or 'none'}")
+                  + ("" if model.perplexity is None else f"perplexity {model.perplexity} on held-out text; ")
+                  + f"chat template: {model.chat_template or 'none'}")
     if model.chat_template is None:
         _warn([f"{model.id} has no chat template: chat requests will be refused with what to do; "
                "deploy it with --chat-template FILE, or import it again with one"])

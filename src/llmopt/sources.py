@@ -35,7 +35,7 @@ class Model(BaseModel):
     size_bytes: int
     imported_at: float
     chat_template: str | None = None  # where its chat template came from: model, user, family:NAME; None: it has none
-    perplexity: float | None = None  # on a short held-out text through transformers, checked at import
+    perplexity: float | None = None  # a GGUF conversion's, on a short held-out text through transformers
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
@@ -200,7 +200,8 @@ def _atomic_import(model_id: str, source: str, build, template: Path | None) -> 
             model_check.tokenizer_follows(tmp, rules)
         architecture = (config.get("architectures") or [None])[0]
         template_source = chat_templates.fill(tmp, architecture, template)
-        perplexity = model_check.perplexity_prefers_the_rule(tmp)
+        # our conversion, our risk: a GGUF's converted folder is checked for a BOS rule the model dislikes
+        perplexity = model_check.perplexity_prefers_the_rule(tmp) if rules is not None else None
         content_hash = hashing.folder_sha256(tmp)
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         tmp.chmod(0o700)
@@ -209,6 +210,7 @@ def _atomic_import(model_id: str, source: str, build, template: Path | None) -> 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     model = Model(id=model_id, path=str(final), source=source, content_hash=content_hash, architecture=architecture,
-                  size_bytes=size, imported_at=time.time(), chat_template=template_source, perplexity=round(perplexity, 3))
+                  size_bytes=size, imported_at=time.time(), chat_template=template_source,
+                  perplexity=None if perplexity is None else round(perplexity, 3))
     MODELS.insert(model)
     return model

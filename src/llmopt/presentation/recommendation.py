@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from llmopt.recommend.ranking import Row, score
-from llmopt.recommend.search import Recommendation, ranked
+from llmopt.recommend.search import Recommendation
 from llmopt.presentation import charts, terminal
 from llmopt.presentation.format import money, num, pct
 
@@ -42,7 +42,7 @@ def estimates(rec: Recommendation, console: Console) -> None:
 def table(rec: Recommendation, console: Console) -> None:
     goal = rec.spec.goal
     terminal.listing(console, f"Ranked for {goal} (equal work on {rec.spec.dataset}; {rec.price.name} at "
-                     f"${rec.price.effective_price_per_hour}/h)", HEAD, [cells(r) for r in ranked(rec)])
+                     f"${rec.price.effective_price_per_hour}/h)", HEAD, [cells(r) for r in rec.ranked()])
     failed = [c for c in rec.candidates if c.status in ("failed", "dropped")]
     for candidate in failed:
         console.print(f"{candidate.name}: {candidate.status}: {candidate.reason}")
@@ -76,7 +76,7 @@ def pareto_charts(rec: Recommendation) -> list[str]:
 def html(rec: Recommendation) -> str:
     throughput, price = pareto_charts(rec)
     body = "".join("<tr" + (' class="miss"' if r.misses else "") + ">" + "".join(f"<td>{escape(c)}</td>" for c in cells(r)) + "</tr>"
-                   for r in ranked(rec))
+                   for r in rec.ranked())
     chosen = rec.picks.get(rec.spec.goal)
     pick = (f"<p><b>Pick for {escape(rec.spec.goal)}:</b> {escape(chosen.candidate)} at concurrency {chosen.concurrency}. "
             f"Deploy it with <code>{escape(rec.deploy_command(rec.spec.goal) or '')}</code></p>") if chosen else \

@@ -89,6 +89,9 @@ class Recommendation(BaseModel):
         tmp.write_text(self.model_dump_json(indent=2))
         tmp.rename(self.folder / "recommendation.json")
 
+    def ranked(self) -> list[Row]:
+        return rank(self.rows, self.spec.goal)
+
     def deploy_command(self, goal: Goal) -> str | None:
         chosen = self.picks.get(goal)
         return f"llmopt deploy {self.spec.model} --config {chosen.candidate}" if chosen else None
@@ -208,10 +211,6 @@ def _rank(rec: Recommendation) -> None:
     rec.picks = {goal: pick(rec.rows, goal) for goal in GOALS}
     rec.pareto_throughput = pareto(rec.rows, "total_tokens_per_s", "tokens_per_s_per_user")
     rec.pareto_price = pareto(rec.rows, "latency_p90_ms", "blended_per_million", higher_x=False, higher_y=False)
-
-
-def ranked(rec: Recommendation) -> list[Row]:
-    return rank(rec.rows, rec.spec.goal)
 
 
 def deployment_configs(rec: Recommendation) -> list[configs.DeploymentConfig]:

@@ -17,7 +17,7 @@ from llmopt import names, sdk
 from llmopt.errors import LlmoptError
 from llmopt.studio import prometheus, streams
 from llmopt.studio.problems import ERRORS, Upstream, lookup
-from llmopt.studio.rendering import ENDPOINT_LIVE, fragment, page
+from llmopt.studio.rendering import fragment, page
 
 api = APIRouter(tags=["endpoints"], responses=ERRORS)
 pages = APIRouter(include_in_schema=False)
@@ -146,4 +146,4 @@ async def endpoint_live(request: Request, name: str) -> Any:
     feed = app.state.feeds.get(("endpoint", name), lambda: observe(app, name))
     return streams.record_page(feed, lambda seen: {"status": fragment("_endpoint_status.html", **seen),
                                                    "metrics": fragment("_endpoint_metrics.html", **seen)},
-                               Path(endpoint.log_path), lambda seen: seen["endpoint"].status in ENDPOINT_LIVE)
+                               Path(endpoint.log_path), lambda seen: seen["endpoint"].status in sdk.LIVE_ENDPOINT_STATUSES)

@@ -20,7 +20,7 @@ from llmopt.evaluation.results import EvaluationResults
 from llmopt.presentation import comparison, report
 from llmopt.studio import hardware_file, streams
 from llmopt.studio.problems import ERRORS, NotFound, lookup
-from llmopt.studio.rendering import EVALUATION_ACTIVE, PAGE_SIZE, fragment, page, paged
+from llmopt.studio.rendering import PAGE_SIZE, fragment, page, paged
 
 api = APIRouter(tags=["evaluations"], responses=ERRORS)
 pages = APIRouter(include_in_schema=False)
@@ -76,7 +76,7 @@ def signature(record: Any) -> tuple[Any, ...]:
 
 
 def active(record: Any) -> bool:
-    return record.status in EVALUATION_ACTIVE
+    return record.status in sdk.ACTIVE_EVALUATION_STATUSES
 
 
 @api.post("/evaluations", status_code=201, summary="Start an evaluation in the background")

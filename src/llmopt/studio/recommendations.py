@@ -14,7 +14,6 @@ from sse_starlette import EventSourceResponse
 
 from llmopt import sdk
 from llmopt.presentation import recommendation as presented
-from llmopt.recommend.search import ranked
 from llmopt.studio.live import POLL_S
 from llmopt.studio.problems import ERRORS
 from llmopt.studio.rendering import fragment, page
@@ -75,7 +74,7 @@ def drawn(task: Task) -> dict[str, Any]:
     if rec is None:
         return {"task": task, "rec": None}
     artifacts = {c.name: c.artifact for c in rec.candidates if c.status == "done" and c.artifact}
-    rows = [(r, presented.cells(r), artifacts.get(r.candidate)) for r in ranked(rec)]
+    rows = [(r, presented.cells(r), artifacts.get(r.candidate)) for r in rec.ranked()]
     return {"task": task, "rec": rec, "head": presented.HEAD, "rows": rows, "charts": presented.pareto_charts(rec),
             "pick": rec.picks.get(rec.spec.goal), "command": rec.deploy_command(rec.spec.goal)}
 

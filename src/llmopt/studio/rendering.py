@@ -13,8 +13,6 @@ from markupsafe import Markup
 from starlette.responses import HTMLResponse
 
 from llmopt import sdk
-from llmopt.endpoints import LIVE as ENDPOINT_LIVE
-from llmopt.evaluation.runs import ACTIVE as EVALUATION_ACTIVE
 from llmopt.presentation import format as formats
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -28,8 +26,8 @@ templates.env.filters.update(
     megabytes=formats.megabytes, tojson_pretty=lambda v: json.dumps(v, indent=2, default=str),
     svg=Markup,  # charts drawn by llmopt.presentation, which escapes every label it writes
 )
-templates.env.globals.update(nav=NAV, JOB_ACTIVE=sdk.ACTIVE_JOB_STATUSES, EVALUATION_ACTIVE=EVALUATION_ACTIVE,
-                             ENDPOINT_LIVE=ENDPOINT_LIVE)
+templates.env.globals.update(nav=NAV, JOB_ACTIVE=sdk.ACTIVE_JOB_STATUSES, EVALUATION_ACTIVE=sdk.ACTIVE_EVALUATION_STATUSES,
+                             ENDPOINT_LIVE=sdk.LIVE_ENDPOINT_STATUSES)
 
 
 def duration(start: float | None, end: float | None) -> str:
