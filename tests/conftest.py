@@ -11,7 +11,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -105,3 +109,50 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
     for needle in needles:
         assert needle in line, f"{needle!r} not in {line!r}"
     return line
+
+
+# -- the studio in a real browser ---------------------------------------------------------------
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's: Playwright's own browser download fails here
+STUDIO_TOKEN = "test-token-0123456789"
+
+
+@contextmanager
+def studio_server() -> Iterator[str]:
+    """The studio served by uvicorn on a free loopback port, in this process (its token: STUDIO_TOKEN)."""
+    import uvicorn
+
+    from llmopt.studio.app import create_app
+
+    port = vllm.free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(STUDIO_TOKEN), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextmanager
+def browser_page(errors: list[str]) -> Iterator[Any]:
+    """A page in headless Chromium; script errors and failed requests the page logs land in `errors`."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not CHROMIUM.exists():
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--no-first-run"])
+        try:
+            page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: errors.append(f"{page.url}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
+            yield page
+        finally:
+            chromium.close()

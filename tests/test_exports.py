@@ -26,6 +26,8 @@ from llmopt.engine.platform import Hardware
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
 
+from conftest import assert_one_line_error, run_cli
+
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "exports"
 SCHEMAS = HERE / "schemas"
@@ -324,3 +326,11 @@ def test_export_writes_the_files(artifacts: dict[str, Path], tmp_path: Path) -> 
     written = exports.export(artifacts["gpu"], "kubernetes", tmp_path / "out", gpus=2, model_uri="pvc://models/smol-gpu")
     assert sorted(p.name for p in written) == ["deployment.yaml", "service.yaml"]
     assert all(p.read_text().startswith("# llmopt export of artifact 'smol-gpu'") for p in written)
+
+
+def test_the_export_command_writes_or_refuses_in_one_line(artifacts: dict[str, Path], tmp_path: Path) -> None:
+    done = run_cli("export", str(artifacts["cpu"]), "--format", "compose", "--output", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert [Path(line).name for line in done.stdout.split()] == ["docker-compose.yaml"]
+    assert_one_line_error(run_cli("export", str(artifacts["gpu"]), "--format", "kubernetes", "-o", str(tmp_path)), "gpus=2")
+    assert_one_line_error(run_cli("export", str(tmp_path), "--format", "compose", "-o", str(tmp_path)), "not an llmopt artifact")

@@ -18,7 +18,6 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 import llmopt
@@ -40,7 +39,9 @@ from llmopt.studio import live, prometheus, recipe_form
 from llmopt.studio.app import create_app, serve
 from llmopt.studio.rendering import STATIC, TEMPLATES
 
-TOKEN = "test-token-0123456789"
+from conftest import STUDIO_TOKEN, browser_page, studio_server
+
+TOKEN = STUDIO_TOKEN
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 SCREENSHOTS = Path(__file__).parent / "screenshots"
 
@@ -759,104 +760,76 @@ def test_a_log_is_followed_until_its_writer_is_done(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def running_studio(home: Path, tmp_path: Path) -> Iterator[str]:
-    """The studio served by uvicorn on a free loopback port, in this process."""
-    from llmopt.engine.vllm import free_port
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(TOKEN), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(100):
-        if server.started:
-            break
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+def running_studio(home: Path) -> Iterator[str]:
+    with studio_server() as url:
+        yield url
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-
-
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install chromium)")
 def test_every_page_renders_in_a_browser(running_studio: str, tiny: llmopt.Model, stub_endpoint: Endpoint, tmp_path: Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api")
     record_job("done-job", artifact="/artifacts/done-job", log="loading weights\nmeasuring\n")
     record_job("running-job", store.INPROGRESS, log="quantizing\n")
     record_evaluation("eval-a")
     record_evaluation("eval-b")
     SCREENSHOTS.mkdir(exist_ok=True)
     errors: list[str] = []
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--no-first-run"])
-        try:
-            page = chromium.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("console", lambda m: errors.append(f"{page.url}: {m.text}") if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
-            page.goto(f"{running_studio}/models?token={TOKEN}")
-            assert page.url == f"{running_studio}/models", "the token leaves the address bar"
-            for path, shot, needle in (
-                ("/models", "models", "Catalogue"), ("/models/tiny", "model", "Deployment configurations"),
-                ("/jobs", "jobs", "done-job"), ("/jobs/done-job", "job", "Steps"), ("/evaluations", "evaluations", "eval-a"),
-                ("/evaluations/new", "evaluation-new", "What to load-test"), ("/evaluations/eval-a", "evaluation", "Against tiny"),
-                ("/evaluations/compare?name=eval-a&name=eval-b", "compare", "Comparing"), ("/recommendations", "recommendations", "Recommend"),
-                ("/endpoints", "endpoints", "Deploy"), ("/hardware", "hardware", "r7i.large"),
-            ):
-                page.goto(f"{running_studio}{path}")
-                page.wait_for_selector(f"text={needle}")
-                page.screenshot(path=str(SCREENSHOTS / f"{shot}.png"), full_page=True)
-            page.goto(f"{running_studio}/evaluations/eval-a")
-            assert page.locator("figure.chart svg").count() == 7 and page.locator("figure.chart svg polyline").count() > 0
+    with browser_page(errors) as page:
+        page.goto(f"{running_studio}/models?token={TOKEN}")
+        assert page.url == f"{running_studio}/models", "the token leaves the address bar"
+        for path, shot, needle in (
+            ("/models", "models", "Catalogue"), ("/models/tiny", "model", "Deployment configurations"),
+            ("/jobs", "jobs", "done-job"), ("/jobs/done-job", "job", "Steps"), ("/evaluations", "evaluations", "eval-a"),
+            ("/evaluations/new", "evaluation-new", "What to load-test"), ("/evaluations/eval-a", "evaluation", "Against tiny"),
+            ("/evaluations/compare?name=eval-a&name=eval-b", "compare", "Comparing"), ("/recommendations", "recommendations", "Recommend"),
+            ("/endpoints", "endpoints", "Deploy"), ("/hardware", "hardware", "r7i.large"),
+        ):
+            page.goto(f"{running_studio}{path}")
+            page.wait_for_selector(f"text={needle}")
+            page.screenshot(path=str(SCREENSHOTS / f"{shot}.png"), full_page=True)
+        page.goto(f"{running_studio}/evaluations/eval-a")
+        assert page.locator("figure.chart svg").count() == 7 and page.locator("figure.chart svg polyline").count() > 0
 
-            page.goto(f"{running_studio}/jobs/done-job")
-            page.wait_for_selector("#log div:has-text('measuring')")  # the log arrived over server-sent events
+        page.goto(f"{running_studio}/jobs/done-job")
+        page.wait_for_selector("#log div:has-text('measuring')")  # the log arrived over server-sent events
 
-            page.goto(f"{running_studio}/jobs/new?model=tiny")
-            page.wait_for_selector("#yaml:has-text('name: baseline')")
-            page.check("fieldset[data-path=speculative] > legend input[data-toggle]")
-            page.wait_for_selector("#yaml:has-text('method: draft_model')")
-            page.wait_for_selector("#verdict li.refused")  # a live check against the model: no recommended draft for it
-            page.wait_for_selector("fieldset[data-path=speculative] > ul.beside li.refused")  # and beside the section
-            assert page.locator("#create-job").is_disabled()
-            page.screenshot(path=str(SCREENSHOTS / "optimize-refused.png"), full_page=True)
-            page.select_option("select[name='speculative.method']", "ngram")
-            page.wait_for_selector("#yaml:has-text('method: ngram')")
-            page.wait_for_selector("#create-job:enabled")
-            page.screenshot(path=str(SCREENSHOTS / "optimize.png"), full_page=True)
+        page.goto(f"{running_studio}/jobs/new?model=tiny")
+        page.wait_for_selector("#yaml:has-text('name: baseline')")
+        page.check("fieldset[data-path=speculative] > legend input[data-toggle]")
+        page.wait_for_selector("#yaml:has-text('method: draft_model')")
+        page.wait_for_selector("#verdict li.refused")  # a live check against the model: no recommended draft for it
+        page.wait_for_selector("fieldset[data-path=speculative] > ul.beside li.refused")  # and beside the section
+        assert page.locator("#create-job").is_disabled()
+        page.screenshot(path=str(SCREENSHOTS / "optimize-refused.png"), full_page=True)
+        page.select_option("select[name='speculative.method']", "ngram")
+        page.wait_for_selector("#yaml:has-text('method: ngram')")
+        page.wait_for_selector("#create-job:enabled")
+        page.screenshot(path=str(SCREENSHOTS / "optimize.png"), full_page=True)
 
-            recipe_file = tmp_path / "mine.yaml"
-            recipe_file.write_text("name: mine\nkv_cache: {dtype: fp8_e5m2}\n")
-            page.set_input_files("#recipe-file", str(recipe_file))
-            page.wait_for_selector("#yaml:has-text('dtype: fp8_e5m2')")  # the uploaded file filled the form
+        recipe_file = tmp_path / "mine.yaml"
+        recipe_file.write_text("name: mine\nkv_cache: {dtype: fp8_e5m2}\n")
+        page.set_input_files("#recipe-file", str(recipe_file))
+        page.wait_for_selector("#yaml:has-text('dtype: fp8_e5m2')")  # the uploaded file filled the form
 
-            page.goto(f"{running_studio}/evaluations/new?model=tiny")
-            page.fill("input[name=concurrency]", "0")
-            page.click("#evaluation-form button.primary")
-            page.wait_for_selector("#evaluation-form .problem:has-text('concurrency')")  # the SDK's refusal, inline
+        page.goto(f"{running_studio}/evaluations/new?model=tiny")
+        page.fill("input[name=concurrency]", "0")
+        page.click("#evaluation-form button.primary")
+        page.wait_for_selector("#evaluation-form .problem:has-text('concurrency')")  # the SDK's refusal, inline
 
-            page.goto(f"{running_studio}/endpoints/stubby")
-            page.fill("#chat-form textarea", "Say hi.")
-            page.fill("#chat-form input[name=max_tokens]", "4")
-            page.click("#chat-form button.primary")
-            page.wait_for_selector(".message.assistant:has-text('tok tok tok tok')")  # streamed through the proxy
-            page.wait_for_selector("#chat-stats:has-text('4 tokens')")
-            page.wait_for_selector("#metrics:has-text('answered 404')")  # the stub publishes no metrics: said so, live
-            page.screenshot(path=str(SCREENSHOTS / "endpoint.png"), full_page=True)
+        page.goto(f"{running_studio}/endpoints/stubby")
+        page.fill("#chat-form textarea", "Say hi.")
+        page.fill("#chat-form input[name=max_tokens]", "4")
+        page.click("#chat-form button.primary")
+        page.wait_for_selector(".message.assistant:has-text('tok tok tok tok')")  # streamed through the proxy
+        page.wait_for_selector("#chat-stats:has-text('4 tokens')")
+        page.wait_for_selector("#metrics:has-text('answered 404')")  # the stub publishes no metrics: said so, live
+        page.screenshot(path=str(SCREENSHOTS / "endpoint.png"), full_page=True)
 
-            page.goto(f"{running_studio}/jobs")
-            store.JOBS.update("running-job", status=store.FAILED, failure_reason="stopped by the test", pid=None)
-            page.wait_for_selector("#job-running-job .badge.failed", timeout=5000)  # the row changed live
+        page.goto(f"{running_studio}/jobs")
+        store.JOBS.update("running-job", status=store.FAILED, failure_reason="stopped by the test", pid=None)
+        page.wait_for_selector("#job-running-job .badge.failed", timeout=5000)  # the row changed live
 
-            page.goto(f"{running_studio}/hardware")
-            page.click("tr:has-text('r7i.large') button:has-text('Edit')")
-            page.fill("#profile-form input[name=price_per_hour]", "0.2")
-            page.click("#profile-form button.primary")
-            page.wait_for_selector("tr:has-text('yours (over the reference)')")
-        finally:
-            chromium.close()
+        page.goto(f"{running_studio}/hardware")
+        page.click("tr:has-text('r7i.large') button:has-text('Edit')")
+        page.fill("#profile-form input[name=price_per_hour]", "0.2")
+        page.click("#profile-form button.primary")
+        page.wait_for_selector("tr:has-text('yours (over the reference)')")
     assert [e for e in errors if "status of 400" not in e] == [], "no script error (the 400 is the refusal the test provoked)"

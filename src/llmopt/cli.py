@@ -305,6 +305,23 @@ def export_command(
     print(sdk.export_command(str(artifact_dir), host=host, port=port))
 
 
+@app.command("export")
+def export(
+    artifact_dir: Path = typer.Argument(..., help="Artifact folder."),
+    fmt: str = typer.Option(..., "--format", help=f"One of {', '.join(sdk.EXPORT_FORMATS)}."),
+    output: Path = typer.Option(..., "--output", "-o", help="Folder to write into (made if missing)."),
+    replicas: int = typer.Option(1, min=1, help="Replicas to run."),
+    cpus: Optional[float] = typer.Option(None, help="CPUs per replica (default: from the manifest)."),
+    memory_gib: Optional[float] = typer.Option(None, help="Memory per replica in GiB (default: from the model size)."),
+    gpus: int = typer.Option(0, min=0, help="GPUs per replica; 0 serves on CPUs."),
+    image: Optional[str] = typer.Option(None, help="Container image (default: vLLM's for the artifact's engine version)."),
+    model_uri: Optional[str] = typer.Option(None, help="Where the cluster fetches the artifact (s3://, gs://, pvc://, file://)."),
+) -> None:
+    """Write an artifact's deployment for Ray Serve, KServe, Kubernetes or Docker Compose."""
+    for path in sdk.export_deployment(artifact_dir, fmt, output, replicas, cpus, memory_gib, gpus, image, model_uri):  # type: ignore[arg-type]
+        print(path)
+
+
 # -- recipes ------------------------------------------------------------------------------------
 
 

@@ -82,6 +82,18 @@ ENDPOINTS = records.Table("endpoints", Endpoint, key="name", order="started_at")
 Verifier = Callable[[Endpoint], dict[str, Any]]
 
 
+def check_request(name: str, host: str, port: int | None, api_key: str | None, insecure: bool, timeout_s: float) -> None:
+    """The name, the address (a host other than loopback needs an API key, or `insecure`) and the
+    timeout: checked before anything slower, so bad input is refused at once."""
+    names.check(name, "endpoint")
+    vllm.check_address(host, port)
+    if not vllm.is_loopback(host) and not api_key and not insecure:
+        raise LlmoptError(f"binding {host} without an API key would serve the model to anyone who can reach it",
+                          "pass --api-key (or set LLMOPT_API_KEY), or --insecure if the network is yours alone")
+    if not 0 < timeout_s <= 86400:
+        raise LlmoptError(f"timeout {timeout_s:g} s is not a wait", "pass --timeout in seconds, e.g. 900")
+
+
 def launch(
     model_path: str,
     model_label: str,
@@ -102,15 +114,8 @@ def launch(
     """Claim the name, start a server, wait until it answers and `verify` has proven what its settings
     promise; on any failure the server is stopped and the record says why.
 
-    Bad input is refused before anything is recorded or started: the name, the address (a host
-    other than loopback needs an API key, or `insecure`), the timeout."""
-    names.check(name, "endpoint")
-    vllm.check_address(host, port)
-    if not vllm.is_loopback(host) and not api_key and not insecure:
-        raise LlmoptError(f"binding {host} without an API key would serve the model to anyone who can reach it",
-                          "pass --api-key (or set LLMOPT_API_KEY), or --insecure if the network is yours alone")
-    if not 0 < timeout_s <= 86400:
-        raise LlmoptError(f"timeout {timeout_s:g} s is not a wait", "pass --timeout in seconds, e.g. 900")
+    Bad input is refused before anything is recorded or started (`check_request`)."""
+    check_request(name, host, port, api_key, insecure, timeout_s)
     if port is None:
         port = vllm.free_port(host)
     else:

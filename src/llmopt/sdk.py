@@ -16,7 +16,7 @@ from typing import Any, Iterator, Literal
 
 from pydantic import ValidationError
 
-from llmopt import artifact, catalog, compatibility, coverage, endpoints, names, serving, sources
+from llmopt import artifact, catalog, compatibility, coverage, endpoints, exports, names, serving, sources
 from llmopt import recipe as recipes
 from llmopt.endpoints import Endpoint
 from llmopt.engine import compile_cache, platform, vllm
@@ -45,7 +45,7 @@ LIVE_ENDPOINT_STATUSES, ACTIVE_EVALUATION_STATUSES = endpoints.LIVE, runs.ACTIVE
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
     "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warning", "demo_recipe", "deploy", "deploy_config", "list_configs",
-    "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "get_endpoint",
+    "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "export_deployment", "EXPORT_FORMATS", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
     "remove_model", "resolve_model", "stop_endpoint", "stop_job",
@@ -199,6 +199,7 @@ def deploy(
     GGUF file (the last three are imported on first use). With `api_key` every route asks for it
     (`endpoint.headers` carries it); a host other than loopback needs one, or `insecure`.
     """
+    endpoints.check_request(name or "endpoint", host, port, api_key, insecure, timeout_s)  # before a first-use import
     return serving.deploy(serving.for_target(model, engine), name=name, port=port, host=host, timeout_s=timeout_s,
                           api_key=api_key, insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template)
 
@@ -207,6 +208,7 @@ def deploy_config(model: str, config: str, name: str | None = None, port: int | 
                   timeout_s: float = DEFAULT_READY_TIMEOUT_S, api_key: str | None = None, insecure: bool = False) -> Endpoint:
     """Deploy a model with one of its deployment configurations: its artifact is built, or reused by
     key, then served."""
+    endpoints.check_request(name or "endpoint", host, port, api_key, insecure, timeout_s)
     source = sources.resolve(model)
     chosen = configs.get(source.id, config)
     job = optimize(source.id, {"name": names.slug(config)[:30], **chosen.recipe})
@@ -288,6 +290,20 @@ def export_command(artifact_dir: str, host: str = DEFAULT_HOST, port: int = 8000
     spec = serving.for_target(artifact_dir)
     argv = vllm.server_argv(spec.model_path, spec.engine, spec.served_name, host, port)
     return vllm.shell_command(argv, vllm.environment(spec.engine, platform.detect()))
+
+
+EXPORT_FORMATS = exports.FORMATS
+
+
+def export_deployment(artifact_dir: str | Path, fmt: exports.Format, output: str | Path, replicas: int = 1,
+                      cpus: float | None = None, memory_gib: float | None = None, gpus: int = 0,
+                      image: str | None = None, model_uri: str | None = None) -> list[Path]:
+    """Write an artifact's deployment for Ray Serve, KServe, Kubernetes or Docker Compose into the
+    folder `output`, for the machine described (unset resources: derived from the manifest), so a
+    cluster serves it with the engine settings llmopt verified. Returns the files written."""
+    if not artifact.is_artifact(Path(artifact_dir)):
+        raise LlmoptError(f"'{artifact_dir}' is not an llmopt artifact (no {artifact.MANIFEST})", "pass an artifact folder")
+    return exports.export(artifact_dir, fmt, output, replicas, cpus, memory_gib, gpus, image, model_uri)
 
 
 # -- the compile cache --------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def deploy(
     A model with no chat template of its own takes `chat_template` (a file); without one, chat
     requests are answered with what to do."""
     name = name or f"{names.slug(spec.served_name, 'endpoint')[:55]}-{secrets.token_hex(3)}"
-    names.check(name, "endpoint")
+    endpoints.check_request(name, host, port, api_key, insecure, timeout_s)
     model_check.attends_here(json.loads((Path(spec.model_path) / "config.json").read_text()), platform.detect())
     template = str(Path(chat_template).expanduser().resolve()) if chat_template else None
     if template is not None:

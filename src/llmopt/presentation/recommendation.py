@@ -3,7 +3,6 @@ marked), the Pareto fronts drawn, and the pick with the command that deploys it.
 
 from __future__ import annotations
 
-import os
 import time
 from html import escape
 from pathlib import Path
@@ -12,7 +11,7 @@ from rich.console import Console
 
 from llmopt.recommend.ranking import Row, score
 from llmopt.recommend.search import Recommendation
-from llmopt.presentation import charts, terminal
+from llmopt.presentation import charts, report, terminal
 from llmopt.presentation.format import money, num, pct
 
 HEAD = ["candidate", "concurrency", "tok/s per user", "tok/s total", "TTFT p50/p90 ms", "TPOT p50/p90 ms", "$ per 1M (blended)",
@@ -95,8 +94,4 @@ workload {escape(rec.spec.dataset)}, equal work · price {escape(rec.price.name)
 
 
 def write(rec: Recommendation, output: Path) -> None:
-    output.mkdir(parents=True, exist_ok=True)
-    tmp = output / (RESULTS_FILE + ".tmp")
-    tmp.write_text(rec.model_dump_json(indent=2))
-    os.replace(tmp, output / RESULTS_FILE)
-    (output / REPORT_FILE).write_text(html(rec))
+    report.save(output, {RESULTS_FILE: rec.model_dump_json(indent=2), REPORT_FILE: html(rec)})

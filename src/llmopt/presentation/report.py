@@ -16,11 +16,16 @@ RESULTS_FILE, REPORT_FILE = "results.json", "report.html"
 
 
 def write(results: EvaluationResults, output: Path) -> None:
+    save(output, {RESULTS_FILE: results.model_dump_json(indent=2), REPORT_FILE: html(results)})
+
+
+def save(output: Path, files: dict[str, str]) -> None:
+    """Files of a run's output folder, each replaced whole: a reader never sees one half-written."""
     output.mkdir(parents=True, exist_ok=True)
-    tmp = output / (RESULTS_FILE + ".tmp")
-    tmp.write_text(results.model_dump_json(indent=2))
-    os.replace(tmp, output / RESULTS_FILE)
-    (output / REPORT_FILE).write_text(html(results))
+    for name, text in files.items():
+        tmp = output / (name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, output / name)
 
 
 def _p50(stats: Stats | None) -> float | None:
