@@ -26,7 +26,8 @@ import llmopt  # noqa: E402
 from llmopt import catalog, sources  # noqa: E402
 from llmopt.engine import vllm  # noqa: E402
 from llmopt.engine.config import EngineConfig  # noqa: E402
-from llmopt.jobs import runner  # noqa: E402
+from llmopt.jobs.executors import local as local_executor  # noqa: E402
+from llmopt.jobs.executors import ray as ray_executor  # noqa: E402
 
 SMALL_ENGINE = EngineConfig(max_model_len=2048, kv_cache_gib=1)
 
@@ -51,7 +52,9 @@ def _engine_tier_only(start):
 
 
 vllm.start_server = _engine_tier_only(vllm.start_server)
-runner._spawn = _engine_tier_only(runner._spawn)
+local_executor.LocalExecutor.start = _engine_tier_only(local_executor.LocalExecutor.start)  # type: ignore[method-assign]
+# a real Ray cluster is reached only to run jobs on it (fast tests give the executor a fake client)
+ray_executor._client = _engine_tier_only(ray_executor._client)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ import click
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from llmopt import sdk
@@ -227,10 +228,13 @@ def optimize(
     output: Optional[Path] = typer.Option(None, help="Artifact folder (default: under the llmopt home)."),
     force: bool = typer.Option(False, help="Rebuild even if an artifact with the same key exists."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job and exit non-zero unless it completes."),
+    executor: str = typer.Option("local", help=f"Where the job's worker runs: {' | '.join(sdk.JOB_EXECUTORS)} (a background process here, or a Ray job)."),
+    ray_address: Optional[str] = typer.Option(None, help="The Ray dashboard's address for --executor ray (default http://127.0.0.1:8265)."),
 ) -> None:
     """Run a recipe on a model in a background job that writes an optimized artifact."""
     chosen = sdk.recipe_from_flags(sdk.load_recipe(recipe), quantize, kv_cache, speculative, compile, tensor_parallel)
-    job = sdk.optimize(model, chosen, name=name, output=str(output) if output else None, force=force, wait=False)
+    job = sdk.optimize(model, chosen, name=name, output=str(output) if output else None, force=force, wait=False,
+                       executor=executor, ray_address=ray_address)
     _warn(job.warnings)
     if job.reused_from:
         console.print(f"job [bold]{job.name}[/] reuses the artifact of job {job.reused_from} (same key; --force rebuilds)")
@@ -618,7 +622,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except sdk.LlmoptError as exc:
-        err.print(f"[red]error:[/] {exc.one_line()}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(exc.one_line())}", highlight=False, soft_wrap=True)  # "llmopt[ray]" is no markup
         sys.exit(1)
     except KeyboardInterrupt:
         code = 130

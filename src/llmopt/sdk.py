@@ -27,7 +27,7 @@ from llmopt.evaluation import results as evaluation_results_module
 from llmopt.evaluation import workload as workloads
 from llmopt.evaluation.levels import Events, Plan
 from llmopt.evaluation.results import EvaluationResults
-from llmopt.jobs import runner, store
+from llmopt.jobs import executors, runner, store
 from llmopt.jobs.runner import Job
 from llmopt.jobs.store import JobRecord
 from llmopt.presentation import recommendation as recommendation_report
@@ -41,6 +41,7 @@ DEFAULT_HOST = vllm.DEFAULT_HOST
 DEFAULT_READY_TIMEOUT_S = endpoints.DEFAULT_READY_TIMEOUT_S
 JOB_STATUSES, ENDPOINT_STATUSES, ACTIVE_JOB_STATUSES = store.STATUSES, endpoints.STATUSES, store.ACTIVE
 LIVE_ENDPOINT_STATUSES, ACTIVE_EVALUATION_STATUSES = endpoints.LIVE, runs.ACTIVE
+JOB_EXECUTORS = executors.NAMES
 
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
@@ -48,7 +49,7 @@ __all__ = [
     "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "export_deployment", "EXPORT_FORMATS", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
-    "remove_model", "resolve_model", "stop_endpoint", "stop_job",
+    "remove_model", "resolve_model", "stop_endpoint", "stop_job", "JOB_EXECUTORS",
 ]
 
 
@@ -147,17 +148,19 @@ def compatibility_matrix() -> tuple[compatibility.Row, ...]:
 
 
 def optimize(model: str, recipe: Any = "baseline", name: str | None = None, output: str | None = None,
-             force: bool = False, wait: bool = True) -> Job:
+             force: bool = False, wait: bool = True, executor: str = "local", ray_address: str | None = None) -> Job:
     """Run a recipe on a model in a background job that writes one self-contained artifact.
 
     `recipe` is a Recipe, a built-in name, a file, or a dict. The same recipe on the same source
-    reuses the earlier artifact unless `force` is set.
+    reuses the earlier artifact unless `force` is set. `executor` is where the job's worker runs:
+    "local" (a background process here) or "ray" (a Ray job on the cluster whose dashboard is at
+    `ray_address`, default http://127.0.0.1:8265, sharing this machine's filesystem).
     """
     if isinstance(recipe, (str, Path)):
         recipe = recipes.load(recipe)
     elif isinstance(recipe, dict):
         recipe = recipes.parse(recipe)
-    job = runner.create(model, recipe, name=name, output=output, force=force)
+    job = runner.create(model, recipe, name=name, output=output, force=force, executor=executor, ray_address=ray_address)
     return job.wait() if wait else job
 
 

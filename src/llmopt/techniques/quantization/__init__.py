@@ -118,6 +118,9 @@ class QuantizationTechnique(Technique):
         if refusal:
             ctx.verdict.refusals.append(refusal)
 
+    def peak_bytes(self, spec: Quantization, ctx: CheckContext) -> int:
+        return estimate_peak_bytes(spec, ctx.config, ctx.target.size_bytes)
+
     def key(self, spec: Quantization, source: Model) -> dict[str, Any]:
         """The calibration text: the built-in set changes between versions, a user's file may change."""
         return {"calibration": calibration.fingerprint(spec.calibration)} if schemes.needs_calibration(spec) else {}  # type: ignore[union-attr]
