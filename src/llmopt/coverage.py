@@ -40,6 +40,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "stablelm": {**SMALL, "num_key_value_heads": 4},
     "opt": dict(hidden_size=128, ffn_dim=256, num_attention_heads=4, num_hidden_layers=2, word_embed_proj_dim=128),
     "gpt2": dict(n_embd=128, n_layer=2, n_head=4),
+    "gpt_neox": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_hidden_layers=2),
     "bloom": dict(hidden_size=128, n_layer=2, n_head=4),
     "falcon": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, new_decoder_architecture=False),
 }
