@@ -1,9 +1,9 @@
 """How much one deployment differs from another of the same model: the noise floor of every ratio
 llmopt reports (evaluation/compare.py, NOISE).
 
-SmolLM2-135M is deployed `ROUNDS` times in turn; each deployment runs the same fixed-length
-workload (the built-in QA prompts, 64 output tokens each, end-of-sequence ignored) at concurrency
-1 and 4. Every deployment's requests/s is divided by the first's: the spread of those ratios is
+SmolLM2-135M is deployed `ROUNDS` times in turn; each deployment runs the same workload (the
+built-in QA prompts at temperature 0, so the same answers every time; 16 requests and at least
+30 seconds per level, as `evaluate` runs by default) at concurrency 1 and 4. Every deployment's requests/s is divided by the first's: the spread of those ratios is
 what a bootstrap within one run cannot see.
 
     .venv/bin/python benchmarks/compare_noise.py

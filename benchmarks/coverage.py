@@ -31,7 +31,7 @@ def main() -> None:
     table = coverage.markdown(coverage.load())
     text = README.read_text()
     start, end = MARKERS
-    README.write_text(re.sub(f"{re.escape(start)}.*?{re.escape(end)}", f"{start}\n{table}{end}", text, flags=re.S))
+    README.write_text(re.sub(f"{re.escape(start)}.*?{re.escape(end)}", lambda _: f"{start}\n{table}{end}", text, flags=re.S))
     print(table)
 
 

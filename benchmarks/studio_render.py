@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from llmopt import procs, sdk  # noqa: E402
 from llmopt.evaluation import pricing, runs  # noqa: E402
+from llmopt.engine import platform  # noqa: E402
 from llmopt.evaluation.levels import Plan  # noqa: E402
 from llmopt.jobs import store  # noqa: E402
 from llmopt.studio.app import create_app  # noqa: E402
@@ -111,6 +112,7 @@ def main(count: int, repeats: int) -> None:
     print(f"\ntarget: each page under {TARGET_MS:.0f} ms: {'met' if met else 'NOT met'}")
     out = Path(__file__).parent / "results" / "studio_render.json"
     out.write_text(json.dumps({"records": count, "repeats": repeats, "target_ms": TARGET_MS, "cores": os.cpu_count(),
+                               "processor": platform.detect().cpu_model,
                                "rows": rows, "met": met}, indent=2) + "\n")
     print(f"wrote {out}")
 

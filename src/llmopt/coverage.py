@@ -40,6 +40,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "stablelm": {**SMALL, "num_key_value_heads": 4},
     "opt": dict(hidden_size=128, ffn_dim=256, num_attention_heads=4, num_hidden_layers=2, word_embed_proj_dim=128),
     "gpt2": dict(n_embd=128, n_layer=2, n_head=4),
+    "gpt_neox": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_hidden_layers=2),
     "bloom": dict(hidden_size=128, n_layer=2, n_head=4),
     "falcon": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, new_decoder_architecture=False),
 }
@@ -159,7 +160,23 @@ def matrix(outcomes: list[Outcome]) -> tuple[list[str], list[list[str]]]:
 
 
 def markdown(outcomes: list[Outcome]) -> str:
-    head, rows = matrix(outcomes)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    """The README's table: a word per cell, each distinct reason once, numbered below it."""
+    by_cell = {(o.architecture, o.technique): o for o in outcomes}
+    reasons: dict[str, int] = {}
+    lines = ["| architecture | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (len(COLUMNS) + 1)]
+    for architecture in sorted({o.architecture for o in outcomes}):
+        cells = []
+        for technique in COLUMNS:
+            found = by_cell.get((architecture, technique))
+            if found is None or found.status == "run":
+                cells.append("untested" if found is None else "run")
+            else:
+                number = reasons.setdefault(found.detail.replace("|", "/"), len(reasons) + 1)
+                cells.append(f"{found.status} [{number}]")
+        lines.append(f"| {architecture} | " + " | ".join(cells) + " |")
+    stamps = sorted({(o.processor, o.engine) for o in outcomes})
+    days = sorted({time.strftime("%Y-%m-%d", time.gmtime(o.date)) for o in outcomes})
+    notes = [f"[{n}] {reason}" for reason, n in reasons.items()]
+    where = "; ".join(f"{processor}, {engine}" for processor, engine in stamps)
+    return "\n".join(lines) + "\n\n" + "".join(f"{note}\n\n" for note in notes) + (
+        f"Run on {where}, {days[0]}{' to ' + days[-1] if len(days) > 1 else ''}.\n" if outcomes else "")
