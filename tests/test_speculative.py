@@ -60,6 +60,7 @@ def test_ngram_sweep_on_copy_heavy_work_switches_nothing_off(ngram_job: llmopt.J
     assert config.method == "ngram" and config.num_speculative_tokens == NGram().num_speculative_tokens and config.schedule is None
 
 
+@pytest.mark.slow  # CI's budget: the same path as the tests beside it, minutes longer
 @pytest.mark.engine
 def test_a_draft_that_cannot_be_accepted_fails_at_the_sweep(smol, tmp_path: Path) -> None:
     """A random-weight draft of the same vocabulary: speculation loses at concurrency 1, so the job

@@ -48,7 +48,7 @@ def test_optimize_deploy_chat_evaluate_and_compare_in_the_browser(smol: sources.
             page.wait_for_url(f"{url}/jobs/{JOB}")
             page.wait_for_selector("#steps .badge.running", timeout=2 * MINUTES)  # a step running, shown live
             page.wait_for_selector("#summary .badge.completed", timeout=10 * MINUTES)
-            page.wait_for_selector("#steps tr:has-text('measure') .badge.completed")
+            page.wait_for_selector("#steps tr:has-text('measure') .badge.done")
             assert store.get(JOB).status == store.COMPLETED
             page.reload()  # the artifact's card is drawn with the page
             page.wait_for_selector("text=Perplexity")
