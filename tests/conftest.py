@@ -26,6 +26,7 @@ import llmopt  # noqa: E402
 from llmopt import catalog, sources  # noqa: E402
 from llmopt.engine import vllm  # noqa: E402
 from llmopt.engine.config import EngineConfig  # noqa: E402
+from llmopt.jobs import store  # noqa: E402
 from llmopt.jobs.executors import local as local_executor  # noqa: E402
 from llmopt.jobs.executors import ray as ray_executor  # noqa: E402
 
@@ -112,6 +113,17 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
     for needle in needles:
         assert needle in line, f"{needle!r} not in {line!r}"
     return line
+
+
+def wait_for_step(name: str, step: str, timeout_s: float = 600) -> store.JobRecord:
+    """A job's record once `step` runs, or once the job has ended."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = store.get(name)
+        if (record.progress.get(step) and record.progress[step].status == "running") or record.status not in store.ACTIVE:
+            return record
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never reached step {step}: {store.get(name).progress}")
 
 
 # -- the studio in a real browser ---------------------------------------------------------------

@@ -25,17 +25,7 @@ from llmopt.errors import LlmoptError
 from llmopt.jobs import store
 from llmopt.techniques import speculative
 
-from conftest import assert_one_line_error, run_cli
-
-
-def _wait_for_step(name: str, step: str, timeout_s: float = 120) -> store.JobRecord:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        record = store.get(name)
-        if (record.progress.get(step) and record.progress[step].status == "running") or record.status not in store.ACTIVE:
-            return record
-        time.sleep(0.2)
-    raise AssertionError(f"{name} never reached step {step}: {store.get(name).progress}")
+from conftest import assert_one_line_error, run_cli, wait_for_step
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:
@@ -147,7 +137,7 @@ def test_chunked_prefill_job_proves_its_budget(smol: sources.Model) -> None:
 def test_stopping_a_running_job_ends_stopped_with_no_artifact(baseline: llmopt.Job, smol: sources.Model) -> None:
     job = llmopt.optimize(smol.id, "baseline", name="to-stop", force=True, wait=False)
     assert job.reused_from is None
-    record = _wait_for_step("to-stop", "measure")
+    record = wait_for_step("to-stop", "measure")
     time.sleep(5)  # the measuring engine is starting inside the worker's process group
     pgid = record.pid
     stopped = run_cli("jobs", "stop", "to-stop")
@@ -161,7 +151,7 @@ def test_stopping_a_running_job_ends_stopped_with_no_artifact(baseline: llmopt.J
 @pytest.mark.engine
 def test_killed_worker_is_failed_with_a_reason(baseline: llmopt.Job, smol: sources.Model) -> None:
     job = llmopt.optimize(smol.id, "baseline", name="to-kill", force=True, wait=False)
-    record = _wait_for_step("to-kill", "measure")
+    record = wait_for_step("to-kill", "measure")
     time.sleep(5)
     os.kill(record.pid, signal.SIGKILL)
     time.sleep(1)

@@ -25,6 +25,21 @@ def _spec(smol: sources.Model, **changes: object) -> search.RecommendSpec:
     return search.RecommendSpec(model=smol.id, goal="latency", concurrency=(1, 2), requests=4, min_duration_s=0, **changes)
 
 
+def test_a_budget_counts_what_already_ran(smol: sources.Model) -> None:
+    """A resumed or repeated run drops what the first dropped, whatever is done by then."""
+    rec = search.start(_spec(smol, budget_minutes=1))
+    for c, minutes in zip(rec.candidates, (0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.05)):
+        c.estimate_s = minutes * 60
+    search.fit_budget(rec)
+    first = [c.name for c in rec.candidates if c.status == "pending"]
+    assert first[0] == "bf16" and sum(c.estimate_s for c in rec.candidates if c.status == "pending") <= 60
+    for c in rec.candidates:
+        c.status = "done" if c.status == "pending" else c.status
+    search.fit_budget(rec)
+    assert [c.name for c in rec.candidates if c.status == "done"] == first
+    assert not [c for c in rec.candidates if c.status == "pending"], "nothing more runs once the budget is spent"
+
+
 def test_candidates_follow_the_matrix_on_this_processor(smol: sources.Model) -> None:
     amd = platform.Hardware(device="cpu", cpu_model="AMD EPYC", cores=2, memory_gib=24, cpu_flags=("avx512f", "avx512_vnni"), gpu=None)
     intel = amd.model_copy(update={"cpu_model": "Intel Xeon", "cpu_flags": ("avx512f", "amx_bf16", "amx_int8", "amx_tile")})

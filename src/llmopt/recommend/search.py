@@ -120,7 +120,9 @@ def start(spec: RecommendSpec) -> Recommendation:
 
 
 def fit_budget(rec: Recommendation) -> None:
-    """Drop the most expensive candidates still to run until the rest fits the budget (never the reference)."""
+    """Drop the most expensive candidates still to run until the run fits the budget (never the
+    reference). What ran already counts by its estimate, so a resumed or repeated run drops the same
+    candidates as the first and runs nothing more."""
     if rec.spec.budget_minutes is None:
         return
     for candidate in rec.candidates:
@@ -128,7 +130,7 @@ def fit_budget(rec: Recommendation) -> None:
             candidate.status, candidate.reason = "pending", None
     budget = rec.spec.budget_minutes * 60
     pending = sorted((c for c in rec.candidates if c.status == "pending" and c.name != REFERENCE), key=lambda c: -c.estimate_s)
-    total = sum(c.estimate_s for c in rec.candidates if c.status == "pending")
+    total = sum(c.estimate_s for c in rec.candidates if c.status in ("pending", "done", "failed"))
     for candidate in pending:
         if total <= budget:
             break
