@@ -11,7 +11,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -22,7 +26,9 @@ import llmopt  # noqa: E402
 from llmopt import catalog, sources  # noqa: E402
 from llmopt.engine import vllm  # noqa: E402
 from llmopt.engine.config import EngineConfig  # noqa: E402
-from llmopt.jobs import runner  # noqa: E402
+from llmopt.jobs import store  # noqa: E402
+from llmopt.jobs.executors import local as local_executor  # noqa: E402
+from llmopt.jobs.executors import ray as ray_executor  # noqa: E402
 
 SMALL_ENGINE = EngineConfig(max_model_len=2048, kv_cache_gib=1)
 
@@ -47,7 +53,9 @@ def _engine_tier_only(start):
 
 
 vllm.start_server = _engine_tier_only(vllm.start_server)
-runner._spawn = _engine_tier_only(runner._spawn)
+local_executor.LocalExecutor.start = _engine_tier_only(local_executor.LocalExecutor.start)  # type: ignore[method-assign]
+# a real Ray cluster is reached only to run jobs on it (fast tests give the executor a fake client)
+ray_executor._client = _engine_tier_only(ray_executor._client)
 
 
 @pytest.fixture(scope="session")
@@ -105,3 +113,61 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
     for needle in needles:
         assert needle in line, f"{needle!r} not in {line!r}"
     return line
+
+
+def wait_for_step(name: str, step: str, timeout_s: float = 600) -> store.JobRecord:
+    """A job's record once `step` runs, or once the job has ended."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = store.get(name)
+        if (record.progress.get(step) and record.progress[step].status == "running") or record.status not in store.ACTIVE:
+            return record
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never reached step {step}: {store.get(name).progress}")
+
+
+# -- the studio in a real browser ---------------------------------------------------------------
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's: Playwright's own browser download fails here
+STUDIO_TOKEN = "test-token-0123456789"
+
+
+@contextmanager
+def studio_server() -> Iterator[str]:
+    """The studio served by uvicorn on a free loopback port, in this process (its token: STUDIO_TOKEN)."""
+    import uvicorn
+
+    from llmopt.studio.app import create_app
+
+    port = vllm.free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(STUDIO_TOKEN), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextmanager
+def browser_page(errors: list[str]) -> Iterator[Any]:
+    """A page in headless Chromium; script errors and failed requests the page logs land in `errors`."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not CHROMIUM.exists():
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--no-first-run"])
+        try:
+            page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: errors.append(f"{page.url}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
+            yield page
+        finally:
+            chromium.close()

@@ -71,6 +71,7 @@ def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llm
         assert run_cli("endpoints", "stop", "compiled-ep").returncode == 0
 
 
+@pytest.mark.slow  # CI's budget: the same path as the tests beside it, minutes longer
 @pytest.mark.engine
 def test_a_key_that_differs_compiles_afresh(compiled: llmopt.Job, smol: sources.Model) -> None:
     """Same weights, one shape changed: a new entry, a compiling start, the old entry untouched."""

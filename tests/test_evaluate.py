@@ -25,7 +25,7 @@ SCREENSHOTS = Path(__file__).parent / "screenshots"
 @pytest.mark.engine
 def test_sweep_against_the_real_engine(endpoint, tmp_path: Path) -> None:
     out = tmp_path / "eval"
-    result = run_cli("evaluate", "--endpoint", endpoint.name, "--concurrency", "1,2", "--requests", "4",
+    result = run_cli("evaluate", "--endpoint", endpoint.name, "--concurrency", "1,2", "--requests", "8", "--min-duration", "0",
                      "--output", str(out), "--price-per-hour", "1.0", "--discount", "0.2", "--ttft-target", "5000")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "TTFT" in result.stdout and "results:" in result.stdout
@@ -36,16 +36,17 @@ def test_sweep_against_the_real_engine(endpoint, tmp_path: Path) -> None:
     (target,) = data.targets
     assert [lvl.concurrency for lvl in target.levels] == [1, 2]
     for lvl in target.levels:
-        assert lvl.invocations == 4 and lvl.invocation_errors == 0 and lvl.tokenizer_failures == 0
+        assert lvl.invocations == 8 and lvl.invocation_errors == 0 and lvl.tokenizer_failures == 0
+        assert len(lvl.requests) == 8 and all(0 < r.ttft_ms < r.latency_ms for r in lvl.requests)
         assert 0 < lvl.ttft_ms.p50 <= lvl.latency_ms.p50
         assert lvl.itl_ms.p50 > 0 and lvl.tpot_ms.p90 > 0
         assert lvl.output_tokens_per_s > 0 and lvl.input_tokens_per_s > lvl.output_tokens_per_s
         assert 500 <= lvl.per_request.input_tokens.min and lvl.per_request.input_tokens.max <= 1000
         # the tokenizer's prompt counts agree with the server's own
-        assert lvl.server_counted_tokens.input == round(lvl.per_request.input_tokens.mean * 4)
+        assert lvl.server_counted_tokens.input == round(lvl.per_request.input_tokens.mean * 8)
         blended = 0.8 / ((lvl.input_tokens_per_s + lvl.output_tokens_per_s) * 3600 / 1e6) / 4
         assert lvl.price.blended_per_million_tokens == pytest.approx(blended)
-        assert lvl.accuracy.answered == 4
+        assert lvl.accuracy.answered == 8
         assert lvl.speculative is None
     assert 5 < target.quality.perplexity.perplexity < 100
     assert len(target.quality.greedy_tokens) == 4
@@ -56,20 +57,46 @@ def test_sweep_against_the_real_engine(endpoint, tmp_path: Path) -> None:
 
 
 @pytest.mark.engine
-def test_compare_two_deployments(smol, baseline, tmp_path: Path) -> None:
+def test_a_target_against_its_own_copy_is_no_measurable_difference(smol, baseline, tmp_path: Path) -> None:
+    """The baseline artifact holds the source's weights bit for bit: every throughput ratio on equal
+    work has an interval that spans 1, shown as no measurable difference."""
     out = tmp_path / "compare"
-    results = llmopt.evaluate(compare=[smol.id, str(baseline.artifact)], dataset="synthetic:64,16", concurrency=[1],
-                              requests=4, output=out)
+    results = llmopt.evaluate(compare=[smol.id, str(baseline.artifact)], concurrency=[1], requests=8, min_duration_s=0,
+                              output=out)
     assert [t.kind for t in results.targets] == ["deployed", "deployed"]
+    reference, copy = results.targets
+    lengths = {s.prompt: s.served_tokens for s in reference.equal_work[0].requests}
+    assert all(s.served_tokens == lengths[s.prompt] for s in copy.equal_work[0].requests)  # equal work, request by request
     row = results.comparison.targets[0]
     assert row.reference == smol.id and row.label == baseline.artifact.name
-    assert row.levels[0].output_tokens_per_s > 0
+    (level,) = row.levels
+    for ratio in (level.requests_per_s, level.output_tokens_per_s, level.total_tokens_per_s, level.blended_price):
+        assert ratio.leg == "equal work" and not ratio.measurable, ratio
     assert row.perplexity_ratio == pytest.approx(1.0, abs=0.01)  # same weights, same engine
     assert row.greedy_agreement.token_agreement > 0.9
-    for target in results.targets:
-        assert target.levels[0].per_request.output_tokens.mean == pytest.approx(16, abs=1)  # ignore_eos
-    assert "Ratios to" in (out / "report.html").read_text()
+    assert "no measurable difference" in (out / "report.html").read_text()
     _screenshot(out / "report.html", "compare")
+
+
+@pytest.mark.engine
+def test_equal_work_ratio_matches_the_decode_speed_ratio(baseline, smoothquant, tmp_path: Path) -> None:
+    """Outputs of different lengths (INT8 rounds differently): the equal-work ratio of output tokens/s
+    agrees within 10% with the ratio of fixed-length decode speeds, where the natural one need not."""
+    stories = tmp_path / "sentences.jsonl"
+    stories.write_text("".join(json.dumps({"prompt": f"Write two sentences about {topic}.", "max_tokens": 120}) + "\n"
+                               for topic in ("a lighthouse", "a lost key", "a river in spring", "a winter market",
+                                             "a clockmaker", "a walled garden", "a night train", "a red kite")))
+    targets = [str(baseline.artifact), str(smoothquant.artifact)]
+    natural = llmopt.evaluate(compare=targets, dataset=str(stories), concurrency=[1], requests=16, min_duration_s=0, quality=False)
+    median = sorted(s.served_tokens for s in natural.targets[0].levels[0].requests)[8]
+    fixed = llmopt.evaluate(compare=targets, dataset=f"synthetic:24,{median}", concurrency=[1], requests=16, min_duration_s=0,
+                            quality=False)
+    lengths = [sorted(s.served_tokens for s in t.levels[0].requests) for t in natural.targets]
+    assert lengths[0] != lengths[1], "the two targets must answer at different lengths for this test to mean anything"
+    equal_work = natural.comparison.targets[0].levels[0].output_tokens_per_s
+    decode = fixed.comparison.targets[0].levels[0].output_tokens_per_s
+    assert equal_work.leg == "equal work" and decode.leg == "equal work"
+    assert equal_work.value == pytest.approx(decode.value, rel=0.10), (equal_work, decode)
 
 
 @pytest.mark.engine
@@ -81,7 +108,8 @@ def test_jsonl_with_malformed_lines(endpoint, tmp_path: Path) -> None:
         json.dumps({"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4}),
         json.dumps({"nothing": 1}),
     ]))
-    results = llmopt.evaluate(endpoint=endpoint.name, dataset=str(data), concurrency=[1], requests=2, quality=False)
+    results = llmopt.evaluate(endpoint=endpoint.name, dataset=str(data), concurrency=[1], requests=2, min_duration_s=0,
+                              quality=False)
     assert results.workload.skipped_lines.model_dump() == {"count": 2, "line_numbers": [2, 4]}
     assert results.targets[0].levels[0].invocation_errors == 0
     bad = tmp_path / "bad.jsonl"
@@ -108,8 +136,8 @@ def test_endpoint_dying_mid_run_saves_partial_results(stub, tmp_path: Path) -> N
     jsonl.write_text(json.dumps({"prompt": "go", "max_tokens": 30}) + "\n")
     out = tmp_path / "partial"
     cli = subprocess.Popen([sys.executable, "-c", "from llmopt.cli import main; main()", "evaluate", "--url", url,
-                            "--dataset", str(jsonl), "--concurrency", "2", "--requests", "40", "--output", str(out),
-                            "--no-quality"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            "--dataset", str(jsonl), "--concurrency", "2", "--requests", "40", "--min-duration", "0",
+                            "--output", str(out), "--no-quality"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(8)  # warm-up (3 s) and some measured requests
     proc.kill()
     stdout, stderr = cli.communicate(timeout=120)
@@ -124,9 +152,11 @@ def test_requests_that_time_out_are_errors(stub, tmp_path: Path) -> None:
     url, _ = stub
     jsonl = tmp_path / "slow.jsonl"
     jsonl.write_text(json.dumps({"prompt": "go", "max_tokens": 50}) + "\n")  # 5 s at 10 tokens/s
-    results = llmopt.evaluate(url=url, dataset=str(jsonl), concurrency=[2], requests=2, timeout_s=1, quality=False)
+    results = llmopt.evaluate(url=url, dataset=str(jsonl), concurrency=[2], requests=2, timeout_s=1, min_duration_s=0,
+                              quality=False)
     level = results.targets[0].levels[0]
-    assert level.invocation_errors == 2 and level.errors == {"timeout after 1 s": 2}
+    assert level.invocations == 8  # at least 4 requests per concurrent user
+    assert level.invocation_errors == 8 and level.errors == {"timeout after 1 s": 8}
 
 
 @pytest.mark.engine

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+import yaml
 
 import llmopt
 from llmopt import AWQ, Calibration, ChunkedPrefill, DraftModel, NGram, Recipe, Sharding, SmoothQuant, SpeculationSweep
@@ -22,17 +25,7 @@ from llmopt.errors import LlmoptError
 from llmopt.jobs import store
 from llmopt.techniques import speculative
 
-from conftest import assert_one_line_error, run_cli
-
-
-def _wait_for_step(name: str, step: str, timeout_s: float = 120) -> store.JobRecord:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        record = store.get(name)
-        if (record.progress.get(step) and record.progress[step].status == "running") or record.status not in store.ACTIVE:
-            return record
-        time.sleep(0.2)
-    raise AssertionError(f"{name} never reached step {step}: {store.get(name).progress}")
+from conftest import assert_one_line_error, run_cli, wait_for_step
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:
@@ -81,15 +74,25 @@ def test_deploying_the_artifact_answers(baseline: llmopt.Job) -> None:
 
 
 @pytest.mark.engine
-def test_export_command_serves_the_artifact_without_llmopt(baseline: llmopt.Job) -> None:
+def test_kubernetes_export_serves_the_artifact_as_export_command_would(baseline: llmopt.Job, tmp_path: Path) -> None:
+    """The exported container's command, run here with the artifact where the volume would mount it,
+    serves the artifact; `export-command` prints the same vLLM flags for this machine."""
+    written = run_cli("export", str(baseline.artifact), "--format", "kubernetes", "--output", str(tmp_path), "--cpus", "2")
+    assert written.returncode == 0, written.stderr
+    deployment = yaml.safe_load((tmp_path / "deployment.yaml").read_text())
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    mount = container["volumeMounts"][0]["mountPath"]
     port = vllm.free_port()
+    argv = [str(baseline.artifact) if a == mount else a for a in container["command"] + container["args"]]
+    argv[argv.index("--port") + 1] = str(port)
+    argv[argv.index("--host") + 1] = "127.0.0.1"
     printed = run_cli("export-command", str(baseline.artifact), "--port", str(port))
     assert printed.returncode == 0, printed.stderr
-    command = printed.stdout.strip()
-    assert "python -m vllm.entrypoints.openai.api_server" in command and "VLLM_CPU_KVCACHE_SPACE=" in command
+    command = shlex.split(printed.stdout)
+    assert command[command.index("python"):] == ["python"] + argv[1:]  # the image's python3 is this venv's python
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMOPT")}
-    env["PATH"] = f"{Path(os.sys.executable).parent}:{env['PATH']}"  # `python` is the venv's
-    server = subprocess.Popen(["bash", "-c", f"exec env {command}"], env=env, start_new_session=True,
+    env.update({item["name"]: item["value"] for item in container["env"]})
+    server = subprocess.Popen([sys.executable] + argv[1:], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -134,7 +137,7 @@ def test_chunked_prefill_job_proves_its_budget(smol: sources.Model) -> None:
 def test_stopping_a_running_job_ends_stopped_with_no_artifact(baseline: llmopt.Job, smol: sources.Model) -> None:
     job = llmopt.optimize(smol.id, "baseline", name="to-stop", force=True, wait=False)
     assert job.reused_from is None
-    record = _wait_for_step("to-stop", "measure")
+    record = wait_for_step("to-stop", "measure")
     time.sleep(5)  # the measuring engine is starting inside the worker's process group
     pgid = record.pid
     stopped = run_cli("jobs", "stop", "to-stop")
@@ -148,7 +151,7 @@ def test_stopping_a_running_job_ends_stopped_with_no_artifact(baseline: llmopt.J
 @pytest.mark.engine
 def test_killed_worker_is_failed_with_a_reason(baseline: llmopt.Job, smol: sources.Model) -> None:
     job = llmopt.optimize(smol.id, "baseline", name="to-kill", force=True, wait=False)
-    record = _wait_for_step("to-kill", "measure")
+    record = wait_for_step("to-kill", "measure")
     time.sleep(5)
     os.kill(record.pid, signal.SIGKILL)
     time.sleep(1)

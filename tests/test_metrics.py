@@ -7,9 +7,10 @@ import math
 import pytest
 
 from llmopt.engine import metrics as engine_metrics
-from llmopt.evaluation import metrics, pricing
+from llmopt.evaluation import compare, levels, metrics, pricing, workload
 from llmopt.evaluation.loadgen import LevelRun, RequestRecord
-from llmopt.evaluation.results import GoodputTargets
+from llmopt.evaluation.results import GoodputTargets, Level, RequestSample
+from llmopt.presentation import format
 from llmopt.evaluation.tokens import TokenCounter
 from llmopt.evaluation.workload import Request
 
@@ -109,3 +110,54 @@ def test_stats_percentiles() -> None:
     s = metrics.stats([1, 2, 3, 4])
     assert s.p50 == 2.5 and s.mean == 2.5 and math.isclose(s.p99, 3.97)
     assert metrics.stats([]) is None
+
+
+def _level(concurrency: int, latencies_ms: list[float], tokens: int = 10, tpot_ms: float = 20.0) -> Level:
+    """A level whose requests each produced `tokens` tokens in the given latencies (a closed loop)."""
+    samples = [RequestSample(prompt=i, input_tokens=100, output_tokens=tokens, served_tokens=tokens, latency_ms=lat,
+                             ttft_ms=lat / 10, tpot_ms=tpot_ms * lat / latencies_ms[0]) for i, lat in enumerate(latencies_ms)]
+    duration = sum(latencies_ms) / 1000 / concurrency
+    level = metrics.compute(LevelRun(concurrency, [], PLAN, 0.0, 1.0), None, PRICE)
+    return level.model_copy(update={
+        "requests": samples, "output_tokens_per_s": tokens * len(samples) / duration,
+        "input_tokens_per_s": 100 * len(samples) / duration, "request_throughput_per_s": len(samples) / duration,
+        "ttft_ms": metrics.stats([s.ttft_ms for s in samples]), "tpot_ms": metrics.stats([s.tpot_ms for s in samples]),
+        "latency_ms": metrics.stats(latencies_ms)})
+
+
+def test_a_target_against_itself_is_no_measurable_difference() -> None:
+    rng = __import__("random").Random(1)
+    latencies = [1000 + rng.gauss(0, 60) for _ in range(16)]
+    a, b = _level(1, latencies), _level(1, sorted(latencies))  # the same requests, in another order
+    ratio = compare.throughput_ratio(a, b, a.request_throughput_per_s, b.request_throughput_per_s, lambda s: 1.0, "higher", "equal work")
+    assert not ratio.measurable and ratio.low < 1 < ratio.high
+    assert format.ratio(ratio).startswith("no measurable difference [")
+    assert ratio.high - ratio.low >= 2 * compare.NOISE * ratio.value * 0.999  # never narrower than the noise between deployments
+
+
+def test_a_faster_target_is_a_measurable_speedup_in_the_right_direction() -> None:
+    rng = __import__("random").Random(2)
+    slow = _level(1, [1000 + rng.gauss(0, 50) for _ in range(16)])
+    fast = _level(1, [500 + rng.gauss(0, 25) for _ in range(16)], tpot_ms=10.0)
+    requests = compare.throughput_ratio(fast, slow, fast.request_throughput_per_s, slow.request_throughput_per_s,
+                                        lambda s: 1.0, "higher", "equal work")
+    assert requests.measurable and requests.value == pytest.approx(2.0, rel=0.05) and requests.low < 2.0 < requests.high
+    price = compare.throughput_ratio(fast, slow, fast.total_tokens_per_s, slow.total_tokens_per_s,
+                                     lambda s: s.input_tokens + s.output_tokens, "lower", "equal work")
+    assert price.value == pytest.approx(0.5, rel=0.05) and price.gain == pytest.approx(2.0, rel=0.05)
+    assert format.ratio(price, "cheaper", "dearer").startswith(("1.9", "2.0")) and "cheaper" in format.ratio(price, "cheaper", "dearer")
+    tpot = compare.latency_ratio(fast, slow, lambda lvl: lvl.tpot_ms, "tpot_ms")
+    assert tpot.better == "lower" and tpot.value == pytest.approx(0.5, rel=0.1)
+    assert "faster" in format.ratio(tpot)
+    assert "slower" in format.ratio(compare.latency_ratio(slow, fast, lambda lvl: lvl.tpot_ms, "tpot_ms"))
+
+
+def test_equal_work_replays_the_reference_lengths() -> None:
+    work = workload.Workload("w", list(PLAN))
+    ref = _level(1, [1000, 900, 1100])
+    lengths = levels.output_lengths([ref.model_copy(update={"requests": [
+        r.model_copy(update={"served_tokens": n}) for r, n in zip(ref.requests, (30, 12, 7))]})])
+    fixed = work.with_lengths(lengths)
+    assert [r.max_tokens for r in fixed.requests] == [30, 12, 7] and fixed.ignore_eos
+    assert [r.messages for r in fixed.requests] == [r.messages for r in work.requests]
+    assert work.with_lengths({0: 5}).requests[2].max_tokens == 5  # a prompt the reference never ran: the median

@@ -173,17 +173,17 @@ def _tiny_model(folder: Path, config: dict) -> Path:
 
 def test_layer_shapes_no_group_fits_are_refused(tmp_path: Path) -> None:
     odd = _tiny_model(tmp_path / "odd", dict(model_type="llama", hidden_size=72, intermediate_size=200, num_attention_heads=4,
-                                             num_key_value_heads=4, num_hidden_layers=1, vocab_size=49152))
+                                             head_dim=32, num_key_value_heads=4, num_hidden_layers=1, vocab_size=49152))
     sources.import_model(str(odd), name="tiny-odd-widths")
     assert_one_line_error(run_cli("optimize", "--model", "tiny-odd-widths", "--quantize", "awq"),
-                          "no group size from 16 to 128 divides the layer widths [72, 200]")
+                          "no group size from 16 to 128 divides the layer widths [72, 128, 200]")
     config = json.loads((odd / "config.json").read_text())
     with pytest.raises(LlmoptError, match="fp8 block: no block size"):  # where the matrix lets FP8 block run at all
         schemes.fit(FP8(scheme="block"), config)
 
 
 def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
-    gpt2 = _tiny_model(tmp_path / "gpt2", dict(model_type="gpt2", n_embd=64, n_layer=1, n_head=4, vocab_size=49152))
+    gpt2 = _tiny_model(tmp_path / "gpt2", dict(model_type="gpt2", n_embd=128, n_layer=1, n_head=4, vocab_size=49152))
     sources.import_model(str(gpt2), name="tiny-gpt2")
     assert_one_line_error(run_cli("optimize", "--model", "tiny-gpt2", "--quantize", "smoothquant"),
                           "quantization.smoothquant is not supported for GPT2LMHeadModel")

@@ -19,11 +19,12 @@ import click
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from llmopt import sdk
-from llmopt.presentation import terminal
-from llmopt.presentation.format import megabytes, when
+from llmopt.presentation import recommendation, terminal
+from llmopt.presentation.format import megabytes, money, num, when
 from llmopt.presentation.report import REPORT_FILE, RESULTS_FILE
 from llmopt.presentation.verdict import verdict
 
@@ -33,11 +34,15 @@ endpoints_app = typer.Typer(no_args_is_help=True, help="Running endpoints.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Optimization jobs.")
 recipes_app = typer.Typer(no_args_is_help=True, help="Recipes and the compatibility matrix.")
 cache_app = typer.Typer(no_args_is_help=True, help="The compile cache: compiled engine code, one entry per key.")
+configs_app = typer.Typer(no_args_is_help=True, help="Deployment configurations: recipes with measured benchmark rows.")
+evaluations_app = typer.Typer(no_args_is_help=True, help="Evaluation runs: every evaluate has a record.")
 app.add_typer(models_app, name="models")
 app.add_typer(endpoints_app, name="endpoints")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(cache_app, name="cache")
+app.add_typer(configs_app, name="configs")
+app.add_typer(evaluations_app, name="evaluations")
 
 console = Console()
 err = Console(stderr=True)
@@ -104,10 +109,26 @@ def models_show(model_id: str, as_json: bool = JSON) -> None:
 def models_import(
     spec: str = typer.Argument(..., help="Catalogue id, Hugging Face folder or .gguf file."),
     name: Optional[str] = typer.Option(None, help="Id to store it under."),
+    chat_template: Optional[Path] = typer.Option(None, help="A Jinja chat template, for a model that has none."),
 ) -> None:
+    """Import a model, checked (a GGUF's tokenizer rules and perplexity, the chat template)."""
     with _working(f"importing {spec}"):
-        model = sdk.import_model(spec, name=name)
-    console.print(f"imported [bold]{model.id}[/] ({megabytes(model.size_bytes)}, sha256 {model.content_hash[:12]}) at {model.path}")
+        model = sdk.import_model(spec, name=name, chat_template=chat_template)
+    console.print(f"imported [bold]{model.id}[/] ({megabytes(model.size_bytes)}, sha256 {model.content_hash[:12]}) at {model.path}; "
+                  + ("" if model.perplexity is None else f"perplexity {model.perplexity} on held-out text; ")
+                  + f"chat template: {model.chat_template or 'none'}")
+    if model.chat_template is None:
+        _warn([f"{model.id} has no chat template: chat requests will be refused with what to do; "
+               "deploy it with --chat-template FILE, or import it again with one"])
+
+
+@models_app.command("matrix")
+def models_matrix(as_json: bool = JSON) -> None:
+    """Which architectures go through which techniques here: from runs, with the date, or why not."""
+    head, rows = sdk.coverage_matrix()
+    if as_json:
+        return _json([dict(zip(head, row)) for row in rows])
+    terminal.listing(console, "Supported models, from runs (benchmarks/coverage.py)", head, rows)
 
 
 @models_app.command("remove")
@@ -132,13 +153,25 @@ def deploy(
                                           help="Require this key (Bearer token) on every route."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without an API key."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Run code the model's folder ships (never from a manifest)."),
+    config: Optional[str] = typer.Option(None, help="A deployment configuration of the model (see `llmopt configs list`)."),
+    chat_template: Optional[Path] = typer.Option(None, help="A Jinja chat template, for a model that has none."),
 ) -> None:
     """Start an endpoint and return once it is ready; it keeps serving after this command exits."""
     overrides = {k: v for k, v in {"max_model_len": max_model_len, "kv_cache_gib": kv_cache_gib}.items() if v is not None}
     engine = sdk.engine_config(**overrides) if overrides else None
-    with _working(f"starting vLLM for {model}"):
-        endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
-                              insecure=insecure, trust_remote_code=trust_remote_code)
+    if config is not None:
+        if engine is not None or trust_remote_code:
+            raise sdk.LlmoptError("a deployment configuration carries its own settings", "deploy it without engine flags")
+        chosen = next((c for c in sdk.list_configs(model) if c.name == config), None)
+        warning = sdk.config_warning(chosen) if chosen else None
+        _warn([warning] if warning else [])
+        with _working(f"building (or reusing) and starting configuration {config} of {model}"):
+            endpoint = sdk.deploy_config(model, config, name=name, port=port, host=host, timeout_s=timeout, api_key=api_key,
+                                         insecure=insecure)
+    else:
+        with _working(f"starting vLLM for {model}"):
+            endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
+                                  insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template)
     console.print(f"endpoint [bold]{endpoint.name}[/] ready at {endpoint.url} in {endpoint.seconds_to_ready:.1f} s"
                   + (" (every route asks for the API key)" if endpoint.api_key else ""))
     if endpoint.start is not None:
@@ -195,10 +228,13 @@ def optimize(
     output: Optional[Path] = typer.Option(None, help="Artifact folder (default: under the llmopt home)."),
     force: bool = typer.Option(False, help="Rebuild even if an artifact with the same key exists."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job and exit non-zero unless it completes."),
+    executor: str = typer.Option("local", help=f"Where the job's worker runs: {' | '.join(sdk.JOB_EXECUTORS)} (a background process here, or a Ray job)."),
+    ray_address: Optional[str] = typer.Option(None, help="The Ray dashboard's address for --executor ray (default http://127.0.0.1:8265)."),
 ) -> None:
     """Run a recipe on a model in a background job that writes an optimized artifact."""
     chosen = sdk.recipe_from_flags(sdk.load_recipe(recipe), quantize, kv_cache, speculative, compile, tensor_parallel)
-    job = sdk.optimize(model, chosen, name=name, output=str(output) if output else None, force=force, wait=False)
+    job = sdk.optimize(model, chosen, name=name, output=str(output) if output else None, force=force, wait=False,
+                       executor=executor, ray_address=ray_address)
     _warn(job.warnings)
     if job.reused_from:
         console.print(f"job [bold]{job.name}[/] reuses the artifact of job {job.reused_from} (same key; --force rebuilds)")
@@ -273,6 +309,23 @@ def export_command(
     print(sdk.export_command(str(artifact_dir), host=host, port=port))
 
 
+@app.command("export")
+def export(
+    artifact_dir: Path = typer.Argument(..., help="Artifact folder."),
+    fmt: str = typer.Option(..., "--format", help=f"One of {', '.join(sdk.EXPORT_FORMATS)}."),
+    output: Path = typer.Option(..., "--output", "-o", help="Folder to write into (made if missing)."),
+    replicas: int = typer.Option(1, min=1, help="Replicas to run."),
+    cpus: Optional[float] = typer.Option(None, help="CPUs per replica (default: from the manifest)."),
+    memory_gib: Optional[float] = typer.Option(None, help="Memory per replica in GiB (default: from the model size)."),
+    gpus: int = typer.Option(0, min=0, help="GPUs per replica; 0 serves on CPUs."),
+    image: Optional[str] = typer.Option(None, help="Container image (default: vLLM's for the artifact's engine version)."),
+    model_uri: Optional[str] = typer.Option(None, help="Where the cluster fetches the artifact (s3://, gs://, pvc://, file://)."),
+) -> None:
+    """Write an artifact's deployment for Ray Serve, KServe, Kubernetes or Docker Compose."""
+    for path in sdk.export_deployment(artifact_dir, fmt, output, replicas, cpus, memory_gib, gpus, image, model_uri):  # type: ignore[arg-type]
+        print(path)
+
+
 # -- recipes ------------------------------------------------------------------------------------
 
 
@@ -335,6 +388,71 @@ def cache_prune(
     console.print(f"{len(removed)} entries removed, {sum(e.size_bytes for e in removed) / 1e6:.1f} MB freed")
 
 
+# -- configurations and recommendations ---------------------------------------------------------
+
+
+@configs_app.command("list")
+def configs_list(model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id or catalogue id."), as_json: bool = JSON) -> None:
+    """A model's deployment configurations and their benchmark rows: measured here first, then shipped."""
+    found = sdk.list_configs(model)
+    if as_json:
+        return _json(found)
+    rows = []
+    for config in found:
+        for row in config.rows:
+            rows.append([config.name, config.source, ", ".join(config.picks), ", ".join(k for k in config.recipe if k != "name") or "-",
+                         f"{config.hardware.cpu_model} ({config.hardware.cores} cores)", row.concurrency,
+                         num(row.ttft_p50_ms), num(row.tpot_p50_ms), num(row.tokens_per_s_per_user), num(row.total_tokens_per_s),
+                         f"${row.price_per_hour:.4f}", money(row.blended_per_million),
+                         "" if row.perplexity_increase is None else f"{100 * row.perplexity_increase:+.1f}%",
+                         config.engine, config.llmopt, when(config.measured_at)])
+    terminal.listing(console, f"Deployment configurations of {model}", [
+        "name", "source", "picked for", "techniques", "hardware", "conc", "TTFT p50 ms", "TPOT p50 ms", "tok/s per user",
+        "tok/s total", "$/hour", "$ per 1M", "perplexity", "engine", "llmopt", "measured"], rows)
+    for warning in {w for w in (sdk.config_warning(c) for c in found) if w}:
+        _warn([warning])
+    if not found:
+        console.print(f"none yet; measure some with: llmopt recommend {model}")
+
+
+@app.command()
+def recommend(
+    model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id, catalogue id, HF folder or .gguf."),
+    goal: str = typer.Option("balanced", help="latency | throughput | cost | balanced"),
+    slo: Optional[list[str]] = typer.Option(None, help="A service-level target, e.g. ttft_p90_ms=800 (repeat the flag)."),
+    max_quality_loss: Optional[float] = typer.Option(None, help="Largest perplexity increase allowed, as a fraction."),
+    dataset: str = typer.Option("builtin-qa", help="builtin-qa | builtin-coding | sharegpt | synthetic:IN,OUT | PATH.jsonl"),
+    concurrency: str = typer.Option("1,2,4,8", help="Comma-separated concurrency levels."),
+    requests: int = typer.Option(8, help="Requests per level (at least 4 per concurrent user)."),
+    min_duration: float = typer.Option(10.0, help="Seconds each level runs at least."),
+    budget_minutes: Optional[float] = typer.Option(None, help="Drop the most expensive candidates to fit this budget."),
+    recipe: Optional[list[str]] = typer.Option(None, help="A recipe file of yours to try too (repeat the flag)."),
+    output: Path = typer.Option(Path("llmopt-recommend"), help="Folder for recommendation.json and report.html."),
+) -> None:
+    """Measure the candidates the matrix allows for a model on this machine and recommend one for the goal."""
+    with _recommend_progress() as events:
+        rec = sdk.recommend(model, goal=goal, slos=slo or [], max_quality_loss=max_quality_loss, dataset=dataset,
+                            concurrency=_levels(concurrency), requests=requests, min_duration_s=min_duration,
+                            budget_minutes=budget_minutes, recipes=recipe or [], output=output, events=events)
+    recommendation.table(rec, console)
+    console.print(f"results: {output / recommendation.RESULTS_FILE}  report: {output / recommendation.REPORT_FILE}")
+
+
+@contextmanager
+def _recommend_progress() -> Iterator[Callable[..., None]]:
+    """The estimates first, then a line per candidate and a bar per level."""
+    with _evaluation_progress() as level_events:
+        def events(kind: str, **data: Any) -> None:
+            if kind == "estimates":
+                recommendation.estimates(data["recommendation"], console)
+            elif kind == "candidate":
+                err.print(f"candidate [bold]{data['name']}[/] (about {data['estimate_s'] / 60:.1f} min)")
+            else:
+                level_events(kind, **data)
+
+        yield events
+
+
 # -- evaluate -----------------------------------------------------------------------------------
 
 
@@ -373,8 +491,9 @@ def evaluate(
     compare: Optional[list[str]] = typer.Option(None, help="Models/artifacts to compare, deployed in turn (repeat the flag)."),
     dataset: str = typer.Option("builtin-qa", help="builtin-qa | sharegpt | synthetic:IN,OUT | PATH.jsonl"),
     concurrency: str = typer.Option("1,4", help="Comma-separated concurrency levels."),
-    requests: int = typer.Option(16, help="Requests per level (after warm-up)."),
+    requests: int = typer.Option(16, help="Requests per level (after warm-up; at least 4 per concurrent user)."),
     duration: Optional[float] = typer.Option(None, help="Seconds per level instead of a request count."),
+    min_duration: float = typer.Option(30.0, help="With a request count, seconds each level runs at least."),
     output: Path = typer.Option(Path("llmopt-eval"), help="Folder for results.json and report.html."),
     hardware: Optional[str] = typer.Option(None, help="Hardware profile whose hourly price is used."),
     price_per_hour: Optional[float] = typer.Option(None, help="Hourly price, overriding the profile."),
@@ -388,15 +507,27 @@ def evaluate(
     seed: int = typer.Option(0, help="Workload sampling seed."),
     api_key: Optional[str] = typer.Option(None, envvar="LLMOPT_API_KEY", show_envvar=True,
                                           help="Key for a --url server that asks for one."),
+    name: Optional[str] = typer.Option(None, help="Name of the evaluation's record (default: generated)."),
+    background: bool = typer.Option(False, "--background", help="Run in a worker process; follow it with `llmopt evaluations`."),
 ) -> None:
     """Load-test at several concurrency levels and report latency, throughput, price and quality."""
+    if background:
+        record = sdk.evaluate(endpoint=endpoint, url=url, model=model, compare=compare, dataset=dataset,
+                              concurrency=_levels(concurrency), requests=requests, duration_s=duration,
+                              min_duration_s=min_duration, hardware=hardware, price_per_hour=price_per_hour,
+                              discount=discount, hardware_file=hardware_file, quality=quality, tokenizer=tokenizer,
+                              ttft_target_ms=ttft_target, itl_target_ms=itl_target, timeout_s=timeout, seed=seed,
+                              api_key=api_key, name=name, background=True)
+        console.print(f"evaluation [bold]{record.name}[/] started; follow it with: llmopt evaluations describe {record.name}")
+        return
     with _evaluation_progress() as events:
         results = sdk.evaluate(endpoint=endpoint, url=url, model=model, compare=compare, dataset=dataset,
-                               concurrency=_levels(concurrency), requests=requests, duration_s=duration, output=output,
+                               concurrency=_levels(concurrency), requests=requests, duration_s=duration,
+                               min_duration_s=min_duration, output=output,
                                hardware=hardware, price_per_hour=price_per_hour, discount=discount,
                                hardware_file=hardware_file, quality=quality, tokenizer=tokenizer,
                                ttft_target_ms=ttft_target, itl_target_ms=itl_target, timeout_s=timeout, seed=seed,
-                               events=events, api_key=api_key)
+                               events=events, api_key=api_key, name=name)
     terminal.evaluation(results, console)
     skipped = results.workload.skipped_lines if results.workload else None
     if skipped:
@@ -407,29 +538,75 @@ def evaluate(
         raise sdk.LlmoptError(f"run ended early: {aborted[0]}", f"partial results were saved in {output}")
 
 
+@evaluations_app.command("list")
+def evaluations_list(status: Optional[str] = typer.Option(None, help="Only this status."), as_json: bool = JSON) -> None:
+    found = sdk.list_evaluations(status)
+    if as_json:
+        return _json(found)
+    rows = [[e.name, e.status, ", ".join(spec for spec, _ in e.arguments["targets"]), e.arguments["plan"]["dataset"],
+             when(e.created_at), e.progress.stage, e.failure_reason or e.output_dir] for e in found]
+    terminal.listing(console, "Evaluations", ["name", "status", "targets", "dataset", "created", "progress", "results / reason"], rows)
+
+
+@evaluations_app.command("describe")
+def evaluations_describe(name: str, as_json: bool = JSON) -> None:
+    _json(sdk.get_evaluation(name))
+
+
+@evaluations_app.command("logs")
+def evaluations_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f")) -> None:
+    _print_lines(sdk.evaluation_logs(name, follow))
+
+
+@evaluations_app.command("stop")
+def evaluations_stop(name: str) -> None:
+    console.print(f"{name}: {sdk.stop_evaluation(name).status}")
+
+
+# -- studio -------------------------------------------------------------------------------------
+
+
+@app.command()
+def studio(
+    host: str = typer.Option("127.0.0.1", help="Address to bind (another needs --insecure or --token)."),
+    port: int = typer.Option(8765, help="Port."),
+    token: Optional[str] = typer.Option(None, envvar="LLMOPT_STUDIO_TOKEN", help="The access token (default: generated)."),
+    insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback host without a token of your own."),
+) -> None:
+    """The web studio: the SDK in a browser (offline, token-protected). Prints the URL to open."""
+    from llmopt.studio import app as studio_app
+
+    studio_app.serve(host=host, port=port, token=token, insecure=insecure)
+
+
 # -- demo ---------------------------------------------------------------------------------------
 
 
 @app.command()
 def demo(
     model: str = typer.Option(sdk.DEFAULT_MODEL, help="Model to optimize."),
-    recipe: str = typer.Option("smoothquant", "--recipe", "-r", help="Built-in recipe name or YAML/JSON file."),
-    requests: int = typer.Option(8, help="Requests per concurrency level."),
+    recipe: str = typer.Option("auto", "--recipe", "-r",
+                               help="'auto' (what pays on this processor), a built-in recipe name or a YAML/JSON file."),
+    requests: int = typer.Option(8, help="Requests per concurrency level (at least 4 per concurrent user)."),
+    min_duration: float = typer.Option(30.0, help="Seconds each level runs at least."),
     output: Path = typer.Option(Path("llmopt-demo"), help="Folder for results.json and report.html."),
 ) -> None:
-    """The main job: optimize a model with a recipe, then load-test it side by side with the original."""
-    chosen = sdk.load_recipe(recipe)
+    """The main job: optimize a model with what pays on this processor, then load-test it side by side
+    with the original, throughput on equal work, and say what it bought and what it cost."""
+    levels = (1, 4)
     with _working(f"importing {model} (once)"):
         imported = sdk.resolve_model(model)
     console.print(f"model [bold]{imported.id}[/] at {imported.path} (sha256 {imported.content_hash[:12]})")
+    chosen = sdk.demo_recipe(imported.id, levels) if recipe == "auto" else sdk.load_recipe(recipe)
+    console.print(f"recipe [bold]{chosen.name or 'custom'}[/]: {', '.join(chosen.techniques()) or 'none'}")
     job = sdk.optimize(imported.id, chosen, wait=False)
     _warn(job.warnings)
     if job.reused_from:
         console.print(f"job [bold]{job.name}[/] reuses the artifact of job {job.reused_from}")
     _follow_job(job.name)
     with _evaluation_progress() as events:
-        results = sdk.evaluate(compare=[imported.id, str(job.artifact)], dataset="builtin-qa", concurrency=(1, 4),
-                               requests=requests, output=output, events=events)
+        results = sdk.evaluate(compare=[imported.id, str(job.artifact)], dataset="builtin-qa", concurrency=levels,
+                               requests=requests, min_duration_s=min_duration, output=output, events=events)
     terminal.evaluation(results, console)
     console.print(verdict(results))
     console.print(f"results: {output / RESULTS_FILE}  report: {output / REPORT_FILE}")
@@ -445,7 +622,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except sdk.LlmoptError as exc:
-        err.print(f"[red]error:[/] {exc.one_line()}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(exc.one_line())}", highlight=False, soft_wrap=True)  # "llmopt[ray]" is no markup
         sys.exit(1)
     except KeyboardInterrupt:
         code = 130

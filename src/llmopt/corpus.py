@@ -1,5 +1,6 @@
 """Text shipped with llmopt (written for it, so free to ship): held-out text for perplexity,
-calibration text for quantization, and passages with questions for the built-in QA workload."""
+calibration text for quantization, passages with questions for the built-in QA workload, and
+coding prompts for the built-in coding workload."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from functools import cache
 from pathlib import Path
 
 PASSAGES = Path(__file__).parent / "data" / "passages.jsonl"
+CODING = Path(__file__).parent / "data" / "coding.jsonl"  # coding prompts, the workload of coder models
 
 
 @dataclass(frozen=True)

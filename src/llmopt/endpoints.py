@@ -47,6 +47,7 @@ class Endpoint(BaseModel):
     start: compile_cache.Start | None = None  # served from the compile cache, or compiled
     deployer_pid: int | None = None  # the process waiting for readiness: a start it does not see through is orphaned
     deployer_create_time: float | None = None
+    temporary: bool = False  # deployed for one run (an evaluation): it goes when the process that deployed it does
     verified: dict[str, Any] = Field(default_factory=dict)  # what each technique proved after the start
     api_key: str | None = Field(None, repr=False)  # kept in the owner-only database, never shown
 
@@ -81,6 +82,18 @@ ENDPOINTS = records.Table("endpoints", Endpoint, key="name", order="started_at")
 Verifier = Callable[[Endpoint], dict[str, Any]]
 
 
+def check_request(name: str, host: str, port: int | None, api_key: str | None, insecure: bool, timeout_s: float) -> None:
+    """The name, the address (a host other than loopback needs an API key, or `insecure`) and the
+    timeout: checked before anything slower, so bad input is refused at once."""
+    names.check(name, "endpoint")
+    vllm.check_address(host, port)
+    if not vllm.is_loopback(host) and not api_key and not insecure:
+        raise LlmoptError(f"binding {host} without an API key would serve the model to anyone who can reach it",
+                          "pass --api-key (or set LLMOPT_API_KEY), or --insecure if the network is yours alone")
+    if not 0 < timeout_s <= 86400:
+        raise LlmoptError(f"timeout {timeout_s:g} s is not a wait", "pass --timeout in seconds, e.g. 900")
+
+
 def launch(
     model_path: str,
     model_label: str,
@@ -95,30 +108,26 @@ def launch(
     insecure: bool = False,
     trust_remote_code: bool = False,
     chat_template: str | None = None,
+    temporary: bool = False,
+    chat: bool = True,
 ) -> Endpoint:
     """Claim the name, start a server, wait until it answers and `verify` has proven what its settings
     promise; on any failure the server is stopped and the record says why.
 
-    Bad input is refused before anything is recorded or started: the name, the address (a host
-    other than loopback needs an API key, or `insecure`), the timeout."""
-    names.check(name, "endpoint")
-    vllm.check_address(host, port)
-    if not vllm.is_loopback(host) and not api_key and not insecure:
-        raise LlmoptError(f"binding {host} without an API key would serve the model to anyone who can reach it",
-                          "pass --api-key (or set LLMOPT_API_KEY), or --insecure if the network is yours alone")
-    if not 0 < timeout_s <= 86400:
-        raise LlmoptError(f"timeout {timeout_s:g} s is not a wait", "pass --timeout in seconds, e.g. 900")
+    Bad input is refused before anything is recorded or started (`check_request`)."""
+    check_request(name, host, port, api_key, insecure, timeout_s)
     if port is None:
         port = vllm.free_port(host)
     else:
         vllm.check_port_free(host, port)
     hw = platform.detect()
     log_path = paths.logs_dir() / f"endpoint-{name}.log"
-    env = vllm.environment(engine, hw)
+    has_chat = chat or chat_template is not None
+    env = {**vllm.environment(engine, hw), **vllm.chat_env(has_chat)}
     endpoint = Endpoint(name=name, model=model_label, model_path=model_path, served_name=served_name, host=host, port=port,
                         log_path=str(log_path), engine=engine, environment=env, trust_remote_code=trust_remote_code,
                         chat_template=chat_template, started_at=time.time(), api_key=api_key,
-                        deployer_pid=os.getpid(), deployer_create_time=procs.create_time(os.getpid()))
+                        deployer_pid=os.getpid(), deployer_create_time=procs.create_time(os.getpid()), temporary=temporary)
     _claim(endpoint)
     server: vllm.ServerProcess | None = None
     try:
@@ -126,7 +135,7 @@ def launch(
         with compile_cache.Watch(compile_cache.entry_for(model_path, engine, hw)) as cache:
             endpoint.environment = env = {**env, **cache.entry.env}
             argv = vllm.server_argv(model_path, engine, served_name, host, port, trust_remote_code, chat_template,
-                                    guarded=api_key is not None)
+                                    guarded=api_key is not None or not has_chat)
             server = vllm.start_server(argv, env, log_path, host, port, secret_env=vllm.secret_env(api_key))
             ENDPOINTS.update(name, pid=server.pid, pid_create_time=server.create_time, environment=env)
             endpoint.pid, endpoint.pid_create_time = server.pid, server.create_time
@@ -195,14 +204,18 @@ def _dead(endpoint: Endpoint) -> str | None:
     """Why a live record's server is not (or will never be) serving; None while it is, or may yet."""
     if endpoint.status not in LIVE:
         return None
-    deployer_gone = (endpoint.status == STARTING and endpoint.deployer_pid is not None
+    deployer_gone = ((endpoint.status == STARTING or endpoint.temporary) and endpoint.deployer_pid is not None
                      and not procs.is_alive(endpoint.deployer_pid, endpoint.deployer_create_time))
     if endpoint.pid is None:
         return "the engine was never started (the deploying process died)" if (
             deployer_gone or time.time() - endpoint.started_at >= procs.SPAWN_GRACE_S) else None
     if not procs.is_alive(endpoint.pid, endpoint.pid_create_time):
         return f"engine process {endpoint.pid} exited unexpectedly; see {endpoint.log_path}"
-    return "the deploying process died before the engine was ready; the engine was stopped" if deployer_gone else None
+    if not deployer_gone:
+        return None
+    if endpoint.status == STARTING:
+        return "the deploying process died before the engine was ready; the engine was stopped"
+    return "the run it was deployed for ended without stopping it (its process died); the engine was stopped"
 
 
 def _reconcile(endpoint: Endpoint) -> Endpoint:

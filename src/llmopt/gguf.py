@@ -6,10 +6,82 @@ hashing, compile caches) want plain safetensors, so a GGUF is converted at impor
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 from llmopt.errors import LlmoptError
+
+
+class TokenizerRules(BaseModel):
+    """What a GGUF says about the tokens a prompt becomes: which BOS and EOS, whether each is added."""
+
+    bos_id: int | None = None
+    eos_id: int | None = None
+    add_bos: bool | None = None
+    add_eos: bool | None = None
+    chat_template: str | None = None
+
+
+def tokenizer_rules(path: Path) -> TokenizerRules:
+    import gguf as gguf_lib
+
+    reader = gguf_lib.GGUFReader(str(path))
+
+    def value(key: str) -> Any:
+        field = reader.fields.get(key)
+        if field is None or not field.data:
+            return None
+        part = field.parts[field.data[0]]
+        if field.types and field.types[0] == gguf_lib.GGUFValueType.STRING:
+            return bytes(part).decode("utf-8", errors="replace")
+        return part.tolist()[0]
+
+    add_bos, add_eos = value("tokenizer.ggml.add_bos_token"), value("tokenizer.ggml.add_eos_token")
+    return TokenizerRules(bos_id=value("tokenizer.ggml.bos_token_id"), eos_id=value("tokenizer.ggml.eos_token_id"),
+                          add_bos=None if add_bos is None else bool(add_bos), add_eos=None if add_eos is None else bool(add_eos),
+                          chat_template=value("tokenizer.chat_template"))
+
+
+def apply_rules(folder: Path, rules: TokenizerRules) -> None:
+    """Make the saved tokenizer do what the GGUF says: transformers' GGUF conversion keeps the
+    BOS and EOS ids but drops whether each is added, so a model that needs its BOS would lose it."""
+    tokenizer_file, config_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
+    tokenizer = json.loads(tokenizer_file.read_text())
+    by_id = {t["id"]: t["content"] for t in tokenizer.get("added_tokens", [])}
+    vocab = tokenizer.get("model", {}).get("vocab", {})
+    by_id |= {i: t for t, i in vocab.items()} if isinstance(vocab, dict) else {}
+    config = json.loads(config_file.read_text())
+    special: dict[str, Any] = {}
+    single: list[dict] = []
+    ends: list[dict] = []
+    for role, token_id, added, into in (("bos", rules.bos_id, rules.add_bos, single), ("eos", rules.eos_id, rules.add_eos, ends)):
+        if token_id is None or token_id not in by_id:
+            continue
+        config[f"{role}_token"] = by_id[token_id]
+        if added is not None:
+            config[f"add_{role}_token"] = added
+        if added:
+            special[by_id[token_id]] = {"id": by_id[token_id], "ids": [token_id], "tokens": [by_id[token_id]]}
+            into.append({"SpecialToken": {"id": by_id[token_id], "type_id": 0}})
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [*single, {"Sequence": {"id": "A", "type_id": 0}}, *ends],
+        "pair": [*single, {"Sequence": {"id": "A", "type_id": 0}}, *ends, {"Sequence": {"id": "B", "type_id": 1}}, *ends],
+        "special_tokens": special,
+    }
+    tokenizer_file.write_text(json.dumps(tokenizer, ensure_ascii=False))
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    generation_file = folder / "generation_config.json"
+    if generation_file.is_file():
+        generation = json.loads(generation_file.read_text())
+        generation |= {k: v for k, v in (("bos_token_id", rules.bos_id), ("eos_token_id", rules.eos_id)) if v is not None}
+        generation_file.write_text(json.dumps(generation, indent=2))
+    if rules.chat_template and not (folder / "chat_template.jinja").exists() and "chat_template" not in config:
+        (folder / "chat_template.jinja").write_text(rules.chat_template)
 
 
 def check(path: Path) -> None:
@@ -45,8 +117,9 @@ def concatenate(parts: list[Path], dest: Path) -> Path:
     return dest
 
 
-def to_hf_folder(gguf_path: Path, dest: Path) -> None:
-    """Dequantize a GGUF into `dest` as bf16 safetensors with tokenizer and chat template.
+def to_hf_folder(gguf_path: Path, dest: Path) -> TokenizerRules:
+    """Dequantize a GGUF into `dest` as bf16 safetensors with tokenizer and chat template; returns
+    the GGUF's tokenizer rules, which the saved tokenizer now follows.
 
     transformers keeps GGUF weights packed by default and then refuses to save them; asking for
     `GgufConfig(dequantize=True)` loads a plain dense model that `save_pretrained` accepts.
@@ -75,3 +148,6 @@ def to_hf_folder(gguf_path: Path, dest: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
+    rules = tokenizer_rules(gguf_path)
+    apply_rules(dest, rules)
+    return rules

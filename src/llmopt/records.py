@@ -1,9 +1,10 @@
 """The embedded SQLite store behind every record llmopt keeps: models, jobs, endpoints, evaluations.
 
 A record type is a pydantic model; its table's columns are its fields, created (and extended with
-any column a newer llmopt added) the first time a process touches the table. Fields that are not
-plain scalars are stored as JSON text. Every connection runs in autocommit mode with WAL, so a
-background worker, the CLI and a server can read and write at once.
+any column a newer llmopt added, which older rows read as the field's default) the first time a
+process touches the table. Fields that are not plain scalars are stored as JSON text. Every
+connection runs in autocommit mode with WAL, so a background worker, the CLI and a server can read
+and write at once.
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ class Table(Generic[R]):
     def _columns(self) -> dict[str, str]:
         return {f: _SQL_TYPES.get(_scalar(info.annotation) or str, "TEXT") for f, info in self.record.model_fields.items()}
 
+    def _default(self, field: str) -> str:
+        """The SQL default of a column added to an existing table: the field's own scalar default, so
+        rows written by an older llmopt load (NULL would fail a field that is not optional)."""
+        default = self.record.model_fields[field].default
+        if default is None or field in self._json or not isinstance(default, (str, int, float)):
+            return ""
+        if isinstance(default, str):
+            return " DEFAULT '" + default.replace("'", "''") + "'"
+        return f" DEFAULT {int(default) if isinstance(default, bool) else default!r}"
+
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
         path = paths.db_path()
@@ -72,7 +83,7 @@ class Table(Generic[R]):
                 have = {row["name"] for row in conn.execute(f"PRAGMA table_info({self.name})")}
                 for column, sql_type in self._columns().items():
                     if column not in have:  # a field added by a newer llmopt
-                        conn.execute(f"ALTER TABLE {self.name} ADD COLUMN {column} {sql_type}")
+                        conn.execute(f"ALTER TABLE {self.name} ADD COLUMN {column} {sql_type}{self._default(column)}")
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or attempt == _LOCK_RETRIES - 1:

@@ -9,51 +9,67 @@ and nothing else, so a feature exists once, here.
 
 from __future__ import annotations
 
+import secrets
+import time
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
 from pydantic import ValidationError
 
-from llmopt import artifact, catalog, compatibility, endpoints, serving, sources
+from llmopt import artifact, catalog, compatibility, coverage, endpoints, exports, names, serving, sources
 from llmopt import recipe as recipes
 from llmopt.endpoints import Endpoint
 from llmopt.engine import compile_cache, platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
-from llmopt.evaluation import benchmark, pricing
-from llmopt.evaluation import results as evaluation_results
+from llmopt.evaluation import levels, pricing, runs
+from llmopt.evaluation import results as evaluation_results_module
+from llmopt.evaluation import workload as workloads
 from llmopt.evaluation.levels import Events, Plan
 from llmopt.evaluation.results import EvaluationResults
-from llmopt.jobs import runner, store
+from llmopt.jobs import executors, runner, store
 from llmopt.jobs.runner import Job
 from llmopt.jobs.store import JobRecord
+from llmopt.presentation import recommendation as recommendation_report
+from llmopt.presentation import report
+from llmopt.recommend import configs, ranking, search
+from llmopt.techniques import speculative
 from llmopt.sources import Model
 
 DEFAULT_MODEL = catalog.DEFAULT_MODEL
 DEFAULT_HOST = vllm.DEFAULT_HOST
 DEFAULT_READY_TIMEOUT_S = endpoints.DEFAULT_READY_TIMEOUT_S
 JOB_STATUSES, ENDPOINT_STATUSES, ACTIVE_JOB_STATUSES = store.STATUSES, endpoints.STATUSES, store.ACTIVE
+LIVE_ENDPOINT_STATUSES, ACTIVE_EVALUATION_STATUSES = endpoints.LIVE, runs.ACTIVE
+JOB_EXECUTORS = executors.NAMES
 
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
-    "catalog_models", "compatibility_matrix", "deploy", "engine_config", "endpoint_logs", "evaluate", "export_command", "get_endpoint",
+    "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warning", "demo_recipe", "deploy", "deploy_config", "list_configs",
+    "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "export_deployment", "EXPORT_FORMATS", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
-    "remove_model", "resolve_model", "stop_endpoint", "stop_job",
+    "remove_model", "resolve_model", "stop_endpoint", "stop_job", "JOB_EXECUTORS",
 ]
 
 
 # -- models -------------------------------------------------------------------------------------
 
 
-def import_model(spec: str, name: str | None = None) -> Model:
-    """Import a catalogue id, a Hugging Face folder or a GGUF file into the model store."""
-    return sources.import_model(spec, name=name)
+def import_model(spec: str, name: str | None = None, chat_template: str | Path | None = None) -> Model:
+    """Import a catalogue id, a Hugging Face folder or a GGUF file into the model store, checked;
+    `chat_template` (a Jinja file) for a model that has none of its own."""
+    return sources.import_model(spec, name=name, chat_template=chat_template)
 
 
 def resolve_model(spec: str) -> Model:
     """An imported model by id or store path, or a catalogue id, folder or GGUF file, imported on first use."""
     return sources.resolve(spec)
+
+
+def coverage_matrix() -> tuple[list[str], list[list[str]]]:
+    """The supported-models matrix, from runs on this machine kind (`benchmarks/coverage.py`)."""
+    return coverage.matrix(coverage.load())
 
 
 def list_models() -> list[Model]:
@@ -96,6 +112,30 @@ def recipe_from_flags(base: Any, quantize: str | None = None, kv_cache: str | No
     return base.merged(flags) if flags else base
 
 
+def demo_recipe(model: str, concurrency: tuple[int, ...] = (1, 4)) -> Any:
+    """What the main job optimizes with unless told otherwise: what pays on this processor by the
+    compatibility matrix's measured facts. SmoothQuant (INT8) where the matrix marks it fast here,
+    stacked with the catalogue's speculation for the model (n-gram, or its draft), swept at the
+    levels the demo compares."""
+    source = sources.resolve(model)
+    hardware, verdict = platform.detect(), compatibility.Verdict()
+    architecture = source.architecture or "unknown"
+
+    def fast_here(technique: str) -> bool:
+        row = compatibility.apply(technique, architecture, hardware, verdict)
+        return row is not None and row.status == "supported"
+
+    sections: dict[str, Any] = {}
+    if fast_here("quantization.smoothquant"):
+        sections["quantization"] = {"method": "smoothquant"}
+    catalogued = speculative.catalog_id(source)
+    method = "draft_model" if catalogued and catalog.get(catalogued).recommended_draft != "ngram" else "ngram"
+    if fast_here(f"speculative.{method}"):
+        sections["speculative"] = {"method": method, "sweep": {"concurrency": list(concurrency)}}
+    name = "-".join(s["method"].replace("_model", "") for s in sections.values()) or "baseline"
+    return recipes.parse({"name": name, **sections}, origin="demo recipe")
+
+
 def recipe_schema() -> dict[str, Any]:
     return recipes.schema()
 
@@ -108,17 +148,19 @@ def compatibility_matrix() -> tuple[compatibility.Row, ...]:
 
 
 def optimize(model: str, recipe: Any = "baseline", name: str | None = None, output: str | None = None,
-             force: bool = False, wait: bool = True) -> Job:
+             force: bool = False, wait: bool = True, executor: str = "local", ray_address: str | None = None) -> Job:
     """Run a recipe on a model in a background job that writes one self-contained artifact.
 
     `recipe` is a Recipe, a built-in name, a file, or a dict. The same recipe on the same source
-    reuses the earlier artifact unless `force` is set.
+    reuses the earlier artifact unless `force` is set. `executor` is where the job's worker runs:
+    "local" (a background process here) or "ray" (a Ray job on the cluster whose dashboard is at
+    `ray_address`, default http://127.0.0.1:8265, sharing this machine's filesystem).
     """
     if isinstance(recipe, (str, Path)):
         recipe = recipes.load(recipe)
     elif isinstance(recipe, dict):
         recipe = recipes.parse(recipe)
-    job = runner.create(model, recipe, name=name, output=output, force=force)
+    job = runner.create(model, recipe, name=name, output=output, force=force, executor=executor, ray_address=ray_address)
     return job.wait() if wait else job
 
 
@@ -152,6 +194,7 @@ def deploy(
     api_key: str | None = None,
     insecure: bool = False,
     trust_remote_code: bool = False,
+    chat_template: str | Path | None = None,
 ) -> Endpoint:
     """Serve a model or an optimized artifact; returns once the endpoint answers.
 
@@ -159,8 +202,71 @@ def deploy(
     GGUF file (the last three are imported on first use). With `api_key` every route asks for it
     (`endpoint.headers` carries it); a host other than loopback needs one, or `insecure`.
     """
+    endpoints.check_request(name or "endpoint", host, port, api_key, insecure, timeout_s)  # before a first-use import
     return serving.deploy(serving.for_target(model, engine), name=name, port=port, host=host, timeout_s=timeout_s,
-                          api_key=api_key, insecure=insecure, trust_remote_code=trust_remote_code)
+                          api_key=api_key, insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template)
+
+
+def deploy_config(model: str, config: str, name: str | None = None, port: int | None = None, host: str = DEFAULT_HOST,
+                  timeout_s: float = DEFAULT_READY_TIMEOUT_S, api_key: str | None = None, insecure: bool = False) -> Endpoint:
+    """Deploy a model with one of its deployment configurations: its artifact is built, or reused by
+    key, then served."""
+    endpoints.check_request(name or "endpoint", host, port, api_key, insecure, timeout_s)
+    source = sources.resolve(model)
+    chosen = configs.get(source.id, config)
+    job = optimize(source.id, {"name": names.slug(config)[:30], **chosen.recipe})
+    if job.artifact is None:
+        record = job.record
+        raise LlmoptError(f"the job for configuration '{config}' ended {record.status}: {record.failure_reason}",
+                          f"see `llmopt jobs logs {job.name}`")
+    return deploy(str(job.artifact), name=name, port=port, host=host, timeout_s=timeout_s, api_key=api_key, insecure=insecure)
+
+
+def list_configs(model: str) -> list[configs.DeploymentConfig]:
+    """A model's deployment configurations: measured here first, then shipped."""
+    return configs.for_model(sources.resolve(model).id)
+
+
+def config_warning(config: configs.DeploymentConfig) -> str | None:
+    """What to say when a configuration's rows were measured on another kind of machine."""
+    here = platform.detect()
+    if config.same_machine(here):
+        return None
+    return (f"configuration '{config.name}' was measured on {config.hardware.cpu_model} ({config.hardware.device}); this machine "
+            f"is {here.cpu_model}: its rows may not hold here. Measure them here with: llmopt recommend {config.model}")
+
+
+def recommend(
+    model: str,
+    goal: str = "balanced",
+    slos: list[str] | tuple[str, ...] = (),
+    max_quality_loss: float | None = None,
+    dataset: str = "builtin-qa",
+    concurrency: tuple[int, ...] | list[int] = (1, 2, 4, 8),
+    requests: int = 8,
+    min_duration_s: float = 10.0,
+    budget_minutes: float | None = None,
+    recipes: list[str] | tuple[str, ...] = (),
+    output: str | Path | None = None,
+    events: Events | None = None,
+) -> search.Recommendation:
+    """Try the candidates the compatibility matrix allows for this model here, each as a job and an
+    equal-work load test at every level, rank them for `goal` under the service-level targets
+    (`slos`, e.g. "ttft_p90_ms=800"), and keep them as deployment configurations. Resumes a run with
+    the same arguments; `budget_minutes` drops the most expensive candidates by estimate first."""
+    events = events or (lambda *a, **k: None)
+    workloads.check(dataset)
+    spec = _validated(search.RecommendSpec, "recommend setting", "see `llmopt recommend --help`", dict(
+        model=model, goal=goal, slos=tuple(ranking.SLO.parse(s) for s in slos), max_quality_loss=max_quality_loss,
+        dataset=dataset, concurrency=tuple(concurrency), requests=requests, min_duration_s=min_duration_s,
+        budget_minutes=budget_minutes, recipes=tuple(recipes)))
+    rec = search.start(spec)
+    search.fit_budget(rec)
+    events("estimates", recommendation=rec)
+    rec = search.run(rec, events)
+    if output is not None:
+        recommendation_report.write(rec, Path(output))
+    return rec
 
 
 def list_endpoints(status: str | None = None) -> list[Endpoint]:
@@ -187,6 +293,20 @@ def export_command(artifact_dir: str, host: str = DEFAULT_HOST, port: int = 8000
     spec = serving.for_target(artifact_dir)
     argv = vllm.server_argv(spec.model_path, spec.engine, spec.served_name, host, port)
     return vllm.shell_command(argv, vllm.environment(spec.engine, platform.detect()))
+
+
+EXPORT_FORMATS = exports.FORMATS
+
+
+def export_deployment(artifact_dir: str | Path, fmt: exports.Format, output: str | Path, replicas: int = 1,
+                      cpus: float | None = None, memory_gib: float | None = None, gpus: int = 0,
+                      image: str | None = None, model_uri: str | None = None) -> list[Path]:
+    """Write an artifact's deployment for Ray Serve, KServe, Kubernetes or Docker Compose into the
+    folder `output`, for the machine described (unset resources: derived from the manifest), so a
+    cluster serves it with the engine settings llmopt verified. Returns the files written."""
+    if not artifact.is_artifact(Path(artifact_dir)):
+        raise LlmoptError(f"'{artifact_dir}' is not an llmopt artifact (no {artifact.MANIFEST})", "pass an artifact folder")
+    return exports.export(artifact_dir, fmt, output, replicas, cpus, memory_gib, gpus, image, model_uri)
 
 
 # -- the compile cache --------------------------------------------------------------------------
@@ -217,6 +337,7 @@ def evaluate(
     concurrency: tuple[int, ...] | list[int] = (1, 4),
     requests: int | None = 16,
     duration_s: float | None = None,
+    min_duration_s: float = levels.MIN_DURATION_S,
     output: str | Path | None = None,
     hardware: str | None = None,
     price_per_hour: float | None = None,
@@ -230,11 +351,18 @@ def evaluate(
     seed: int = 0,
     events: Events | None = None,
     api_key: str | None = None,
-) -> EvaluationResults:
+    name: str | None = None,
+    background: bool = False,
+) -> EvaluationResults | runs.EvaluationRecord:
     """Load-test one target (an endpoint, a URL, or a model/artifact deployed for the run), or
-    compare several models/artifacts deployed in turn; writes OUTPUT/results.json and
+    compare several models/artifacts deployed in turn (throughput on equal work, latency on the
+    natural leg, each ratio with its interval). A level runs at least 4 requests per concurrent
+    user and at least `min_duration_s` seconds. Writes OUTPUT/results.json and
     OUTPUT/report.html when `output` is given. `api_key` is for a --url server that asks for one
-    (llmopt's own endpoints pass theirs)."""
+    (llmopt's own endpoints pass theirs).
+
+    Every evaluation is recorded (`list_evaluations`), its results kept under its name. With
+    `background`, it runs in a worker process of its own and this returns its record at once."""
     chosen: list[tuple[str, Literal["endpoint", "url", "model"]]] = [
         (v, k) for v, k in ((endpoint, "endpoint"), (url, "url"), (model, "model")) if v  # type: ignore[misc]
     ]
@@ -243,17 +371,50 @@ def evaluate(
     if not chosen or (len(chosen) > 1 and not compare):
         raise LlmoptError("name what to evaluate", "pass exactly one of --endpoint, --url, --model, or --compare A B ...")
     plan = _plan(dataset=dataset, concurrency=tuple(concurrency), requests=None if duration_s else requests,
-                 duration_s=duration_s, timeout_s=timeout_s, seed=seed,
+                 duration_s=duration_s, min_duration_s=min_duration_s, timeout_s=timeout_s, seed=seed,
                  goodput={"ttft_ms": ttft_target_ms, "itl_ms": itl_target_ms})
     price = pricing.choose(hardware, price_per_hour, discount, Path(hardware_file) if hardware_file else None)
-    return benchmark.run(chosen, plan, price, quality, tokenizer, Path(output) if output else None,
-                         events or (lambda *a, **k: None), api_key)
+    workloads.check(plan.dataset, tokenizer)
+    name = names.check(name, "evaluation") if name else f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    record = runs.create(name, {"targets": chosen, "plan": plan.model_dump(mode="json"), "price": price.model_dump(mode="json"),
+                                "quality": quality, "tokenizer": tokenizer, "api_key": api_key})
+    if background:
+        runs.spawn(name)
+        return runs.get(name)
+    results = runs.execute(name, events)
+    if output is not None:
+        report.write(results, Path(output))
+    return results
+
+
+def list_evaluations(status: str | None = None) -> list[runs.EvaluationRecord]:
+    return runs.list_runs(status)
+
+
+def get_evaluation(name: str) -> runs.EvaluationRecord:
+    return runs.get(name)
+
+
+def stop_evaluation(name: str) -> runs.EvaluationRecord:
+    return runs.stop(name)
+
+
+def evaluation_logs(name: str, follow: bool = False) -> Iterator[str]:
+    return _lines(Path(runs.get(name).log_path), follow, lambda: runs.get(name).status in runs.ACTIVE)
+
+
+def evaluation_results(name: str) -> EvaluationResults:
+    """A recorded evaluation's results (as far as it got, while it runs)."""
+    record = runs.get(name)
+    if not record.results_file.is_file():
+        raise LlmoptError(f"evaluation '{name}' has no results yet ({record.status})", "wait for its first level to finish")
+    return evaluation_results_module.load(record.results_file)
 
 
 def load_results(path: str | Path) -> EvaluationResults:
     """An evaluation's results.json (a folder holding one, or the file)."""
     path = Path(path)
-    return evaluation_results.load(path / "results.json" if path.is_dir() else path)
+    return evaluation_results_module.load(path / "results.json" if path.is_dir() else path)
 
 
 def engine_config(**settings: Any) -> EngineConfig:

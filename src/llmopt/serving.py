@@ -4,14 +4,15 @@ called ready, everything its settings promise."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmopt import artifact, endpoints, names, sources, techniques
+from llmopt import artifact, chat_templates, endpoints, model_check, names, sources, techniques
 from llmopt.endpoints import Endpoint
-from llmopt.engine import vllm
+from llmopt.engine import platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.techniques.base import Running
@@ -23,6 +24,10 @@ class ServingSpec:
     model_label: str
     served_name: str
     engine: EngineConfig  # with paths located for model_path
+
+    @property
+    def has_chat_template(self) -> bool:
+        return chat_templates.present(Path(self.model_path))
 
 
 def for_target(target: str, engine: EngineConfig | None = None) -> ServingSpec:
@@ -47,13 +52,24 @@ def deploy(
     api_key: str | None = None,
     insecure: bool = False,
     trust_remote_code: bool = False,
+    temporary: bool = False,
+    chat_template: str | Path | None = None,
 ) -> Endpoint:
     """Start an endpoint for `spec`; it is READY once it answers and every technique has verified it.
-    Remote code in a model folder runs only when the caller asks for it (`trust_remote_code`)."""
+    Remote code in a model folder runs only when the caller asks for it (`trust_remote_code`). A
+    `temporary` endpoint (one a run deploys for itself) is stopped when the process that deployed it dies.
+    A model with no chat template of its own takes `chat_template` (a file); without one, chat
+    requests are answered with what to do."""
     name = name or f"{names.slug(spec.served_name, 'endpoint')[:55]}-{secrets.token_hex(3)}"
+    endpoints.check_request(name, host, port, api_key, insecure, timeout_s)
+    model_check.attends_here(json.loads((Path(spec.model_path) / "config.json").read_text()), platform.detect())
+    template = str(Path(chat_template).expanduser().resolve()) if chat_template else None
+    if template is not None:
+        chat_templates.read(Path(template))
     return endpoints.launch(spec.model_path, spec.model_label, spec.served_name, spec.engine, name, _verify,
                             port=port, host=host, timeout_s=timeout_s, api_key=api_key, insecure=insecure,
-                            trust_remote_code=trust_remote_code)
+                            trust_remote_code=trust_remote_code, temporary=temporary, chat_template=template,
+                            chat=spec.has_chat_template)
 
 
 def _verify(endpoint: Endpoint) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from llmopt import catalog, gguf, hashing, names, paths, procs, records
+from llmopt import catalog, chat_templates, gguf, hashing, model_check, names, paths, procs, records
 from llmopt.errors import LlmoptError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -34,6 +34,8 @@ class Model(BaseModel):
     architecture: str | None
     size_bytes: int
     imported_at: float
+    chat_template: str | None = None  # where its chat template came from: model, user, family:NAME; None: it has none
+    perplexity: float | None = None  # a GGUF conversion's, on a short held-out text through transformers
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
@@ -72,10 +74,15 @@ def _stored_at(spec: str) -> Model | None:
     return next((m for m in list_models() if Path(m.path).resolve() == path), None)
 
 
-def import_model(spec: str, name: str | None = None) -> Model:
-    """Import a catalogue id, a Hugging Face folder or a GGUF file into the store."""
+def import_model(spec: str, name: str | None = None, chat_template: str | Path | None = None) -> Model:
+    """Import a catalogue id, a Hugging Face folder or a GGUF file into the store, checked: a GGUF's
+    tokenizer rules hold, the model prefers its tokenizer's BOS rule, and it has a chat template
+    (its own, `chat_template`, or its architecture family's) or says it has none."""
     if name is not None:
         names.check(name, "model")
+    template = Path(chat_template).expanduser() if chat_template else None
+    if template is not None:
+        chat_templates.read(template)
     if catalog.is_catalog_id(spec):
         model_id = name or spec
         build = lambda tmp: _build_from_catalog(catalog.get(spec), tmp)  # noqa: E731
@@ -96,13 +103,13 @@ def import_model(spec: str, name: str | None = None) -> Model:
             source = f"gguf:{path}"
         else:
             check_hf_folder(path)
-            build = lambda tmp: shutil.copytree(path, tmp, dirs_exist_ok=True)  # noqa: E731
+            build = lambda tmp: _copy(path, tmp)  # noqa: E731
             source = f"hf:{path}"
     if get(model_id) is not None:
         raise LlmoptError(
             f"a model named '{model_id}' is already imported", "pass --name NEW_NAME or `llmopt models remove` it"
         )
-    return _atomic_import(model_id, source, build)
+    return _atomic_import(model_id, source, build, template)
 
 
 def check_hf_folder(path: Path) -> dict:
@@ -150,14 +157,17 @@ def check_safetensors(path: Path) -> None:
         )
 
 
-def _build_from_catalog(entry: catalog.CatalogModel, dest: Path) -> None:
+def _copy(folder: Path, dest: Path) -> None:
+    shutil.copytree(folder, dest, dirs_exist_ok=True)
+
+
+def _build_from_catalog(entry: catalog.CatalogModel, dest: Path) -> gguf.TokenizerRules:
     files = entry.weight_files()
     if len(files) == 1:
-        gguf.to_hf_folder(files[0], dest)
-        return
+        return gguf.to_hf_folder(files[0], dest)
     with tempfile.TemporaryDirectory(dir=paths.models_dir(), prefix=f".gguf-{os.getpid()}-") as scratch:
         joined = gguf.concatenate(files, Path(scratch) / f"{entry.id}.gguf")
-        gguf.to_hf_folder(joined, dest)
+        return gguf.to_hf_folder(joined, dest)
 
 
 def _clear_stale(store: Path) -> None:
@@ -173,7 +183,7 @@ def _owner(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _atomic_import(model_id: str, source: str, build) -> Model:
+def _atomic_import(model_id: str, source: str, build, template: Path | None) -> Model:
     store = paths.models_dir()
     _clear_stale(store)
     final = store / model_id
@@ -184,8 +194,14 @@ def _atomic_import(model_id: str, source: str, build) -> Model:
         )
     tmp = Path(tempfile.mkdtemp(dir=store, prefix=f".import-{model_id}-{os.getpid()}-"))
     try:
-        build(tmp)
+        rules = build(tmp)
         config = check_hf_folder(tmp)
+        if rules is not None:
+            model_check.tokenizer_follows(tmp, rules)
+        architecture = (config.get("architectures") or [None])[0]
+        template_source = chat_templates.fill(tmp, architecture, template)
+        # our conversion, our risk: a GGUF's converted folder is checked for a BOS rule the model dislikes
+        perplexity = model_check.perplexity_prefers_the_rule(tmp) if rules is not None else None
         content_hash = hashing.folder_sha256(tmp)
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         tmp.chmod(0o700)
@@ -193,14 +209,8 @@ def _atomic_import(model_id: str, source: str, build) -> Model:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    model = Model(
-        id=model_id,
-        path=str(final),
-        source=source,
-        content_hash=content_hash,
-        architecture=(config.get("architectures") or [None])[0],
-        size_bytes=size,
-        imported_at=time.time(),
-    )
+    model = Model(id=model_id, path=str(final), source=source, content_hash=content_hash, architecture=architecture,
+                  size_bytes=size, imported_at=time.time(), chat_template=template_source,
+                  perplexity=None if perplexity is None else round(perplexity, 3))
     MODELS.insert(model)
     return model

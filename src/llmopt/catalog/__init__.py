@@ -25,6 +25,7 @@ class CatalogModel:
     file_glob: str
     install: str
     recommended_draft: str
+    sweep_dataset: str = "builtin-qa"  # what a speculation sweep measures on unless the recipe names a workload
     recommended_draft_quantization: dict | None = None  # a recipe's quantization section, applied to the draft
 
     def weight_files(self) -> list[Path]:

@@ -35,7 +35,7 @@ LOCK_FILE = ".lock"
 STARTING_FILE = ".starting"  # present while a start that may compile is under way
 ARTIFACT_DIR = "compile-cache"  # an artifact's own copy of its entry
 # Settings that do not change compiled code: sampling, memory, and where processes and threads run.
-IRRELEVANT_SETTINGS = frozenset({"seed", "kv_cache_gib", "reserved_cpus", "preload", "executor"})
+IRRELEVANT_SETTINGS = frozenset({"seed", "kv_cache_gib", "gpu_memory_utilization", "reserved_cpus", "preload", "executor"})
 def weights_hash(model_path: str | Path) -> str:
     """The weights and config of a model folder (quantization lives in both)."""
     root = Path(model_path)

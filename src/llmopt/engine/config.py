@@ -78,6 +78,10 @@ class EngineConfig(_Settings):
     )
     dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Activation and unquantized-weight dtype.")
     kv_cache_gib: int = Field(2, gt=0, le=4096, description="KV cache size on CPU, GiB.")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="Share of each GPU's memory vLLM may take (weights, activations, KV cache); "
+        "GPU only; unset: vLLM's default."
+    )
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(None, description="KV cache dtype.")
     reserved_cpus: int | None = Field(
         None, ge=0, le=1024, description="Cores vLLM reserves for its front end on CPU; unset: chosen from the machine."

@@ -44,6 +44,7 @@ FLAGS = {
     "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "kv_cache_dtype": "--kv-cache-dtype",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
     "tensor_parallel_size": "--tensor-parallel-size",
     "speculative": "--speculative-config",
     "compilation": "--compilation-config",
@@ -52,6 +53,9 @@ FLAGS = {
     "guard": "--middleware",
 }
 GUARD = "llmopt.engine.guard.Guard"  # every route behind the API key, not only vLLM's /v1
+# vLLM's published server images, by device; the tag is the engine version ("v0.32.0").
+IMAGES = {"cpu": "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo", "cuda": "vllm/vllm-openai"}
+IMAGE_PYTHON = "python3"
 
 
 def engine_name_version() -> tuple[str, str]:
@@ -93,10 +97,12 @@ def speculative_config(config: EngineConfig) -> dict[str, object] | None:
     return rendered
 
 
-def flags(config: EngineConfig, served_name: str, trust_remote_code: bool = False,
-          chat_template: str | None = None, guarded: bool = False) -> list[str]:
-    """vLLM server flags for the settings, in a stable order."""
-    values: dict[str, object] = {
+def _values(config: EngineConfig, served_name: str | None, trust_remote_code: bool, chat_template: str | None,
+            guarded: bool, hw: platform.Hardware | None) -> dict[str, object]:
+    """Each flag's value for the settings (None or False: left out), in a stable order. GPU settings
+    only where the model is served on one (this machine when `hw` is None, detected only then)."""
+    on_gpu = config.gpu_memory_utilization is not None and (hw or platform.detect()).device != "cpu"
+    return {
         "served_name": served_name,
         "dtype": config.dtype,
         "max_model_len": config.max_model_len,
@@ -104,6 +110,7 @@ def flags(config: EngineConfig, served_name: str, trust_remote_code: bool = Fals
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "kv_cache_dtype": config.kv_cache_dtype,
+        "gpu_memory_utilization": config.gpu_memory_utilization if on_gpu else None,
         "tensor_parallel_size": config.tensor_parallel_size if config.tensor_parallel_size != 1 else None,
         "speculative": speculative_config(config),
         "compilation": {"mode": 0} if config.compilation.mode == "eager" else None,
@@ -111,8 +118,13 @@ def flags(config: EngineConfig, served_name: str, trust_remote_code: bool = Fals
         "chat_template": chat_template,
         "guard": GUARD if guarded else None,
     }
+
+
+def flags(config: EngineConfig, served_name: str, trust_remote_code: bool = False, chat_template: str | None = None,
+          guarded: bool = False, hw: platform.Hardware | None = None) -> list[str]:
+    """vLLM server flags for the settings, in a stable order, on the machine `hw` (this one when None)."""
     argv: list[str] = []
-    for name, value in values.items():
+    for name, value in _values(config, served_name, trust_remote_code, chat_template, guarded, hw).items():
         if value is None or value is False:
             continue
         if value is True:
@@ -122,8 +134,17 @@ def flags(config: EngineConfig, served_name: str, trust_remote_code: bool = Fals
     return argv
 
 
+def engine_kwargs(config: EngineConfig, hw: platform.Hardware | None = None) -> dict[str, object]:
+    """The settings as vLLM's engine arguments (`EngineArgs` fields, what Ray Serve LLM's `engine_kwargs`
+    takes): the values `flags` renders, without the served name and the server's own options."""
+    values = _values(config, None, False, None, False, hw)
+    return {FLAGS[name].removeprefix("--").replace("-", "_"): value for name, value in values.items()
+            if value is not None and value is not False}
+
+
 def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
-    """The environment vLLM needs on this machine, for these settings."""
+    """The environment vLLM needs on this machine, for these settings. None on a GPU: its CPU knobs (KV
+    cache space, reserved cores, preloaded allocator and OpenMP, threads) would only get in the way."""
     if hw.device != "cpu":
         return {}
     reserved = platform.default_reserved_cpus(hw) if config.reserved_cpus is None else config.reserved_cpus
@@ -145,12 +166,43 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     return env
 
 
+def image_environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
+    """The environment in vLLM's own image (`image`) on the machine `hw` describes: as `environment`, but
+    with the image's preloads (vLLM's CPU image preloads tcmalloc and Intel OpenMP itself), never
+    library paths found on this machine."""
+    return environment(config.model_copy(update={"preload": False}), hw)
+
+
+def image(version: str, device: str) -> str:
+    """vLLM's published server image for an engine version (the one an artifact was built and measured with)."""
+    return f"{IMAGES['cpu' if device == 'cpu' else 'cuda']}:v{version}"
+
+
+def server_command(python: str = sys.executable) -> list[str]:
+    """The program that serves: vLLM's OpenAI server module (vllm-cpu's `vllm` command fails at once)."""
+    return [python, "-m", SERVER_MODULE]
+
+
+def server_args(model_path: str, config: EngineConfig, served_name: str, host: str, port: int,
+                trust_remote_code: bool = False, chat_template: str | None = None, guarded: bool = False,
+                hw: platform.Hardware | None = None) -> list[str]:
+    """The server's arguments: what to serve, where to listen, and the flags for the settings."""
+    return ["--model", model_path, "--host", host, "--port", str(port),
+            *flags(config, served_name, trust_remote_code, chat_template, guarded, hw)]
+
+
 def server_argv(model_path: str, config: EngineConfig, served_name: str, host: str, port: int,
-                trust_remote_code: bool = False, chat_template: str | None = None, guarded: bool = False) -> list[str]:
+                trust_remote_code: bool = False, chat_template: str | None = None, guarded: bool = False,
+                hw: platform.Hardware | None = None) -> list[str]:
     """The full command that serves `model_path`; `guarded` puts every route behind the API key
     the server finds in its environment (`secret_env`)."""
-    return [sys.executable, "-m", SERVER_MODULE, "--model", model_path, "--host", host, "--port", str(port),
-            *flags(config, served_name, trust_remote_code, chat_template, guarded)]
+    return [*server_command(), *server_args(model_path, config, served_name, host, port, trust_remote_code,
+                                            chat_template, guarded, hw)]
+
+
+def chat_env(has_chat_template: bool) -> dict[str, str]:
+    """For a model with no chat template: the guard answers chat requests with what to do."""
+    return {} if has_chat_template else {guard.NO_CHAT_ENV: "1"}
 
 
 def secret_env(api_key: str | None) -> dict[str, str]:
@@ -179,6 +231,16 @@ def shell_command(argv: list[str], env: dict[str, str]) -> str:
     """A copy-pasteable command line: the environment assignments, then the server command."""
     assignments = [f"{shlex.quote(k)}={shlex.quote(v)}" for k, v in sorted(env.items())]
     return " ".join([*assignments, *(shlex.quote(a) for a in ["python", *argv[1:]])])
+
+
+def attention_head_sizes(hw: platform.Hardware) -> list[int] | None:
+    """The head sizes vLLM's attention takes on this device; None where llmopt knows no limit. On
+    CPU an unsupported one passes the engine's start and kills it at the first request."""
+    if hw.device != "cpu":
+        return None
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return list(CPUAttentionBackend.get_supported_head_sizes())
 
 
 def kernels(log_text: str) -> dict[str, str]:

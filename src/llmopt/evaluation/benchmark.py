@@ -56,7 +56,7 @@ def resolve_target(spec: str, kind: TargetKind, tokenizer: str | None, api_key: 
 def deploy_target(spec: str, events: Events) -> Target:
     """A model or artifact, served for the evaluation."""
     events("deploying", target=spec)
-    endpoint = serving.deploy(serving.for_target(spec))
+    endpoint = serving.deploy(serving.for_target(spec), temporary=True)
     events("deployed", target=spec, seconds=endpoint.seconds_to_ready)
     label = Path(spec).name if Path(spec).exists() else spec
     return Target(TargetResult(label=label, kind="deployed", url=endpoint.url, served_name=endpoint.served_name,
@@ -68,14 +68,16 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
         tokenizer: str | None = None, output: Path | None = None, events: Events = lambda *a, **k: None,
         api_key: str | None = None) -> EvaluationResults:
     """Evaluate each (spec, kind) target in turn; kind is endpoint, url or model (deployed here).
-    The workload is checked before anything is deployed."""
+    The workload is checked before anything is deployed. Comparing several targets adds an
+    equal-work leg to each: the first target's output lengths replayed with end-of-sequence ignored."""
     workloads.check(plan.dataset, tokenizer)
     results = EvaluationResults(
         created_at=time.time(), price=price,
         settings=Settings(concurrency=list(plan.concurrency), requests_per_level=plan.requests, duration_s=plan.duration_s,
-                          timeout_s=plan.timeout_s, seed=plan.seed, goodput_targets=plan.goodput),
+                          min_duration_s=plan.min_duration_s, timeout_s=plan.timeout_s, seed=plan.seed,
+                          goodput_targets=plan.goodput),
     )
-    work = None
+    work = equal_work = None
     for target_spec, kind in targets:
         target = (deploy_target(target_spec, events) if kind == "model"
                   else resolve_target(target_spec, kind, tokenizer, api_key))
@@ -89,6 +91,12 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
                 results.workload = work.describe()
             entry.levels = levels.run(entry.url, entry.served_name, work, counter, plan, price, target.headers, entry.label, events)
             entry.aborted = next((level.aborted for level in entry.levels if level.aborted), None)
+            if len(targets) > 1 and entry.aborted is None:
+                if equal_work is None:  # the reference's lengths, replayed on every target (itself included)
+                    equal_work = work if work.ignore_eos else work.with_lengths(levels.output_lengths(entry.levels))
+                entry.equal_work = entry.levels if equal_work is work else levels.run(
+                    entry.url, entry.served_name, equal_work, counter, plan, price, target.headers, f"{entry.label} (equal work)", events)
+                entry.aborted = next((level.aborted for level in entry.equal_work if level.aborted), None)
             if measure_quality and entry.aborted is None:
                 events("quality", target=entry.label)
                 entry.quality = measure(entry, target.headers)

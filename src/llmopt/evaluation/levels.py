@@ -16,6 +16,8 @@ from llmopt.evaluation.tokens import TokenCounter
 
 Events = Callable[..., None]
 MAX_LEVEL = 4096
+REQUESTS_PER_USER = 4  # a level runs at least this many requests per concurrent user: more than one wave
+MIN_DURATION_S = 30.0  # and, by default, at least this long: shorter levels gave ratios too noisy to trust
 
 
 class Plan(BaseModel):
@@ -25,8 +27,11 @@ class Plan(BaseModel):
 
     dataset: str = "builtin-qa"
     concurrency: tuple[int, ...] = Field((1, 4), min_length=1)
-    requests: int | None = Field(16, gt=0, le=1_000_000)
-    duration_s: float | None = Field(None, gt=0, le=7 * 86400)
+    requests: int | None = Field(16, gt=0, le=1_000_000, description="At least; never fewer than 4 per concurrent user.")
+    duration_s: float | None = Field(None, gt=0, le=7 * 86400, description="Seconds per level instead of a request count.")
+    min_duration_s: float = Field(MIN_DURATION_S, ge=0, le=86400, description="With a request count: at least this long.")
+    output_tokens: int | None = Field(None, gt=0, le=1 << 16,
+                                      description="Every request generates exactly this many tokens (end-of-sequence ignored).")
     warmup_requests: int | None = Field(None, ge=0, le=10_000)
     timeout_s: float = Field(loadgen.DEFAULT_TIMEOUT_S, gt=0, le=86400)
     seed: int = Field(0, ge=0)
@@ -38,28 +43,42 @@ class Plan(BaseModel):
             raise ValueError(f"concurrency levels must be from 1 to {MAX_LEVEL}, got {list(self.concurrency)}")
         return self
 
+    def requests_at(self, concurrency: int) -> int | None:
+        return None if self.duration_s is not None else max(self.requests or 0, REQUESTS_PER_USER * concurrency)
+
     def workload(self, counter: TokenCounter | None) -> workloads.Workload:
-        count = max(self.requests or 64, max(self.concurrency)) + max(self.concurrency)  # + warm-up
-        return workloads.load(self.dataset, seed=self.seed, count=count, tokenizer=counter.tokenizer if counter else None)
+        count = max(self.requests or 64, REQUESTS_PER_USER * max(self.concurrency)) + max(self.concurrency)  # + warm-up
+        work = workloads.load(self.dataset, seed=self.seed, count=count, tokenizer=counter.tokenizer if counter else None)
+        return work.fixed(self.output_tokens) if self.output_tokens else work
 
 
 def run(url: str, served_name: str, work: workloads.Workload, counter: TokenCounter | None, plan: Plan,
         price: pricing.HardwareProfile, headers: dict[str, str] | None = None, label: str = "",
         events: Events = lambda *a, **k: None) -> list[Level]:
     """Every level of the plan in turn; stops after a level that was aborted (the server went away)."""
-    settings = loadgen.RunSettings(plan.requests if plan.duration_s is None else None, plan.duration_s,
-                                   plan.warmup_requests, plan.timeout_s)
     found = []
     for level in plan.concurrency:
-        events("level", target=label, concurrency=level, total=plan.requests)
+        settings = loadgen.RunSettings(plan.requests_at(level), plan.duration_s, plan.warmup_requests, plan.timeout_s,
+                                       0.0 if plan.duration_s is not None else plan.min_duration_s)
+        events("level", target=label, concurrency=level, total=plan.requests_at(level))
         run_ = asyncio.run(loadgen.run_level(url, served_name, work, level, settings, headers or {},
                                              on_done=lambda r: events("request", error=r.error)))
-        computed = metrics.compute(run_, counter, price, plan.goodput)
+        computed = metrics.compute(run_, counter, price, plan.goodput, work)
         found.append(computed)
         events("level_done", target=label, level=computed)
         if run_.aborted:
             break
     return found
+
+
+def output_lengths(found: list[Level]) -> dict[int, int]:
+    """Each prompt's output length as a target generated it (the server's count, median over its
+    runs): what an equal-work leg asks every target to generate."""
+    runs: dict[int, list[int]] = {}
+    for level in found:
+        for sample in level.requests:
+            runs.setdefault(sample.prompt, []).append(sample.served_tokens or sample.output_tokens)
+    return {prompt: sorted(lengths)[len(lengths) // 2] for prompt, lengths in runs.items()}
 
 
 def measure(url: str, served_name: str, tokenizer_path: str, plan: Plan, headers: dict[str, str] | None = None) -> list[Level]:

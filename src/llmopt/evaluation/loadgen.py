@@ -62,6 +62,7 @@ class RunSettings:
     duration_s: float | None = None
     warmup_requests: int | None = None  # default: one per concurrent user
     timeout_s: float = DEFAULT_TIMEOUT_S
+    min_duration_s: float = 0.0  # with a request count: go on until this long has passed too
 
 
 def request_body(model: str, request: Request, workload: Workload) -> dict:
@@ -150,13 +151,15 @@ async def run_level(url: str, model: str, workload: Workload, concurrency: int, 
         started = time.perf_counter()
         deadline = started + settings.duration_s if settings.duration_s else None
 
+        floor = started + settings.min_duration_s
+
         async def user() -> None:
             nonlocal next_index, aborted
             while aborted is None:
                 if deadline is not None:
                     if time.perf_counter() >= deadline:
                         return
-                elif next_index >= len(plan):
+                elif next_index >= len(plan) and time.perf_counter() >= floor:
                     return
                 index = next_index
                 next_index += 1

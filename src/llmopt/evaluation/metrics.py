@@ -22,9 +22,10 @@ from llmopt.engine import metrics as engine_metrics
 from llmopt.evaluation import pricing, quality
 from llmopt.evaluation.loadgen import LevelRun
 from llmopt.evaluation.results import (
-    Accuracy, Goodput, GoodputTargets, Level, PerRequest, Prices, Samples, Stats, TokenCounts,
+    Accuracy, Goodput, GoodputTargets, Level, PerRequest, Prices, RequestSample, Samples, Stats, TokenCounts,
 )
 from llmopt.evaluation.tokens import TokenCounter
+from llmopt.evaluation.workload import Workload
 
 PERCENTILES = (50, 90, 99)
 
@@ -38,8 +39,10 @@ def stats(values: list[float]) -> Stats | None:
 
 
 def compute(run: LevelRun, counter: TokenCounter | None, price: pricing.HardwareProfile,
-            targets: GoodputTargets = GoodputTargets()) -> Level:
+            targets: GoodputTargets = GoodputTargets(), work: Workload | None = None) -> Level:
+    """The level's figures; `work` (the workload the plan came from) names each request's prompt."""
     records = run.records
+    samples: list[RequestSample] = []
     ok = [r for r in records if r.error is None]
     tokenizer_failures = 0
     empty = 0
@@ -77,6 +80,10 @@ def compute(run: LevelRun, counter: TokenCounter | None, price: pricing.Hardware
         if request.expected is not None:
             answered += 1
             correct += quality.is_correct(record.text, request.expected)
+        samples.append(RequestSample(
+            prompt=work.position(request) if work else record.index % len(run.plan), input_tokens=n_in,
+            output_tokens=n_out, served_tokens=record.usage_completion_tokens, latency_ms=latency * 1000,
+            ttft_ms=record.ttft * 1000 if record.ttft is not None else None, tpot_ms=tpot))
 
     duration = run.duration
     input_tps = sum(input_tokens) / duration
@@ -111,6 +118,7 @@ def compute(run: LevelRun, counter: TokenCounter | None, price: pricing.Hardware
         samples=Samples(ttft_ms=_thin(ttft_ms), itl_ms=_thin(itl_ms)),
         accuracy=Accuracy(correct=correct, answered=answered, rate=correct / answered) if answered else None,
         speculative=engine_metrics.speculative(run.engine_counters),
+        requests=samples,
     )
 
 

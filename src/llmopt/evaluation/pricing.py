@@ -13,6 +13,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from llmopt import paths
+from llmopt.engine import platform
+from llmopt.engine.platform import Hardware
 from llmopt.errors import LlmoptError
 
 INPUT_WEIGHT, OUTPUT_WEIGHT = 3, 1  # blended price: input and output tokens weighted 3:1
@@ -43,13 +45,24 @@ REFERENCE = {
         _profile("r7i.large", "AWS EC2, 2 vCPU Sapphire Rapids (AMX), 16 GiB: closest to a 2-core AMX machine", 0.1323),
         _profile("c7i.xlarge", "AWS EC2, 4 vCPU Sapphire Rapids (AMX), 8 GiB", 0.1785),
         _profile("m7i.2xlarge", "AWS EC2, 8 vCPU Sapphire Rapids (AMX), 32 GiB", 0.4032),
+        _profile("r7a.large", "AWS EC2, 2 vCPU AMD EPYC Genoa (AVX-512, no AMX), 16 GiB: closest to a 2-core AMD machine", 0.1522),
+        _profile("c7a.xlarge", "AWS EC2, 4 vCPU AMD EPYC Genoa (AVX-512, no AMX), 8 GiB", 0.2053),
         _profile("g5.xlarge", "AWS EC2, 1x NVIDIA A10G 24 GB, 4 vCPU", 1.006),
         _profile("g6.xlarge", "AWS EC2, 1x NVIDIA L4 24 GB, 4 vCPU", 0.8048),
         _profile("ml.g5.2xlarge", "SageMaker hosting, 1x NVIDIA A10G 24 GB, 8 vCPU", 1.515),
         _profile("p4d.24xlarge", "AWS EC2, 8x NVIDIA A100 40 GB", 32.7726),
     )
 }
-DEFAULT_CPU_PROFILE = "r7i.large"
+# The profile suggested for a machine llmopt detects: the closest instance of the same processor kind.
+SUGGESTED = {"intel": "r7i.large", "amd": "r7a.large", "A10G": "g5.xlarge", "L4": "g6.xlarge", "A100": "p4d.24xlarge"}
+
+
+def for_hardware(hardware: Hardware) -> HardwareProfile:
+    """The reference profile that fits the machine: its GPU kind, else its CPU maker."""
+    if hardware.gpu:
+        kind = next((k for k in ("A10G", "L4", "A100") if k in hardware.gpu), "L4")
+        return REFERENCE[SUGGESTED[kind]]
+    return REFERENCE[SUGGESTED["amd" if "AMD" in hardware.cpu_model.upper() else "intel"]]
 
 
 def profiles(extra_file: Path | None = None) -> dict[str, HardwareProfile]:
@@ -74,12 +87,12 @@ def profiles(extra_file: Path | None = None) -> dict[str, HardwareProfile]:
 
 def choose(profile: str | None, price_per_hour: float | None, discount: float | None, extra_file: Path | None = None) -> HardwareProfile:
     if price_per_hour is not None:
-        if price_per_hour <= 0:
-            raise LlmoptError("--price-per-hour must be positive", "give the instance's hourly price, e.g. 1.006")
+        if not 0 < price_per_hour <= 1e6:
+            raise LlmoptError(f"--price-per-hour {price_per_hour:g} is not an hourly price", "give the instance's hourly price, e.g. 1.006")
         base = _profile("custom", "price given on the command line", price_per_hour, "user")
     else:
         table = profiles(extra_file)
-        name = profile or DEFAULT_CPU_PROFILE
+        name = profile or for_hardware(platform.detect()).name
         if name not in table:
             raise LlmoptError(f"unknown hardware profile '{name}'", f"use one of {', '.join(sorted(table))} or --price-per-hour")
         base = table[name]

@@ -47,14 +47,15 @@ def perplexity(url: str, model: str, texts: list[str], timeout_s: float = 300.0,
 
 
 def greedy_tokens(url: str, model: str, prompts: tuple[str, ...] = GREEDY_PROMPTS, max_tokens: int = 48,
-                  timeout_s: float = 300.0, headers: dict[str, str] | None = None) -> list[list[int]]:
-    """Greedy chat completions' token ids, one list per prompt."""
+                  timeout_s: float = 300.0, headers: dict[str, str] | None = None, chat: bool = True) -> list[list[int]]:
+    """Greedy completions' token ids, one list per prompt: through the chat template, as the model
+    is used, or (`chat` false: a model without one) the prompt as plain text."""
     outputs = []
     with httpx.Client(timeout=timeout_s, headers=headers) as client:
         for prompt in prompts:
-            body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                    "temperature": 0, "return_token_ids": True}
-            response = client.post(f"{url}/v1/chat/completions", json=body)
+            asked = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+            body = {"model": model, **asked, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
+            response = client.post(f"{url}/v1/{'chat/' if chat else ''}completions", json=body)
             response.raise_for_status()
             outputs.append(response.json()["choices"][0]["token_ids"])
     return outputs

@@ -74,6 +74,18 @@ class Samples(_Result):
     itl_ms: list[float]
 
 
+class RequestSample(_Result):
+    """One request that completed, kept for intervals (bootstrap over requests) and equal-work replays."""
+
+    prompt: int  # the workload request it sent
+    input_tokens: int
+    output_tokens: int  # counted with the model's tokenizer
+    served_tokens: int | None  # as the server counted them (exact: what an equal-work replay asks for)
+    latency_ms: float
+    ttft_ms: float | None
+    tpot_ms: float | None
+
+
 class Level(_Result):
     """One concurrency level: what the load generator saw, and what the engine's counters said."""
 
@@ -99,6 +111,11 @@ class Level(_Result):
     samples: Samples
     accuracy: Accuracy | None
     speculative: SpeculationStats | None
+    requests: list[RequestSample] = Field(default_factory=list)
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return self.input_tokens_per_s + self.output_tokens_per_s
 
 
 class Quality(_Result):
@@ -118,21 +135,50 @@ class TargetResult(_Result):
     tokenizer: str | None
     engine: EngineConfig | None = None  # the settings it served with, when llmopt knows them
     seconds_to_ready: float | None = None
-    levels: list[Level] = Field(default_factory=list)
+    levels: list[Level] = Field(default_factory=list)  # the workload as it is (natural output lengths)
+    equal_work: list[Level] = Field(default_factory=list)  # the reference's output lengths replayed, end-of-sequence ignored
     quality: Quality | None = None
     aborted: str | None = None
     warning: str | None = None
 
 
+class Ratio(_Result):
+    """A target's figure over the reference's, with a 95% interval (bootstrap over requests, never
+    narrower than the noise between deployments), the leg it comes from, and which way is better."""
+
+    value: float
+    low: float
+    high: float
+    leg: Literal["natural", "equal work"]
+    better: Literal["higher", "lower"]
+
+    @property
+    def measurable(self) -> bool:
+        """False when the interval spans 1.0: no measurable difference."""
+        return not self.low <= 1.0 <= self.high
+
+    @property
+    def gain(self) -> float:
+        """How many times better (above 1) or worse (below 1), whichever way the metric points."""
+        return self.value if self.better == "higher" else 1 / self.value
+
+    @property
+    def gain_interval(self) -> tuple[float, float]:
+        return (self.low, self.high) if self.better == "higher" else (1 / self.high, 1 / self.low)
+
+
 class LevelRatios(_Result):
-    """A target's figure over the reference's, at one level."""
+    """A target against the reference at one level. Throughput and price on equal work (the same
+    prompts and output lengths), latency on the natural leg."""
 
     concurrency: int
-    output_tokens_per_s: float | None
-    ttft_p50: float | None
-    itl_p50: float | None
-    latency_p50: float | None
-    blended_price: float | None
+    output_tokens_per_s: Ratio | None
+    requests_per_s: Ratio | None
+    total_tokens_per_s: Ratio | None
+    blended_price: Ratio | None
+    ttft_p50: Ratio | None
+    tpot_p50: Ratio | None  # per output token: a stream that carries several tokens per chunk is not slower per chunk gap
+    latency_p50: Ratio | None
 
 
 class TargetComparison(_Result):
@@ -158,6 +204,7 @@ class Settings(_Result):
     concurrency: list[int]
     requests_per_level: int | None
     duration_s: float | None
+    min_duration_s: float
     timeout_s: float
     seed: int
     goodput_targets: GoodputTargets

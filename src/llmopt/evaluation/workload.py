@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,24 @@ class Workload:
                             ignore_eos=self.ignore_eos, max_tokens=_summary([r.max_tokens for r in self.requests]),
                             source=self.source, skipped_lines=self.skipped)
 
+    def position(self, request: Request) -> int:
+        """Which of the workload's requests this is (the same object `take` handed out)."""
+        if not hasattr(self, "_positions"):
+            self._positions = {id(r): i for i, r in enumerate(self.requests)}
+        return self._positions[id(request)]
+
+    def fixed(self, tokens: int) -> "Workload":
+        """The same prompts, each generating exactly `tokens` (end-of-sequence ignored)."""
+        return self.with_lengths({i: tokens for i in range(len(self.requests))})
+
+    def with_lengths(self, lengths: dict[int, int]) -> "Workload":
+        """The same prompts in the same order, each generating exactly the tokens `lengths` gives it
+        (end-of-sequence ignored); a prompt with no length gets the median of the others."""
+        known = sorted(lengths.values())
+        fallback = known[len(known) // 2] if known else DEFAULT_MAX_TOKENS
+        return replace(self, name=f"{self.name} (equal work)", ignore_eos=True,
+                       requests=[replace(r, max_tokens=max(1, lengths.get(i, fallback))) for i, r in enumerate(self.requests)])
+
     def take(self, count: int, start: int = 0) -> list[Request]:
         """`count` requests from `start` on, cycling through the workload when it is shorter."""
         if not self.requests:
@@ -67,9 +85,11 @@ def check(spec: str, tokenizer_path: str | None = None) -> None:
 
 
 def load(spec: str, seed: int = 0, count: int = 256, tokenizer: Any = None) -> Workload:
-    """A workload from `builtin-qa`, `sharegpt`, `synthetic:IN,OUT` or a JSONL path."""
+    """A workload from `builtin-qa`, `builtin-coding`, `sharegpt`, `synthetic:IN,OUT` or a JSONL path."""
     if spec == "builtin-qa":
         return builtin_qa(seed, count)
+    if spec == "builtin-coding":
+        return replace(jsonl(corpus.CODING), name="builtin-coding", source="llmopt coding prompts")
     if spec == "sharegpt":
         return sharegpt(seed, count, tokenizer)
     if spec.startswith("synthetic:"):
@@ -80,7 +100,7 @@ def load(spec: str, seed: int = 0, count: int = 256, tokenizer: Any = None) -> W
     path = Path(spec)
     if path.is_file():
         return jsonl(path)
-    raise LlmoptError(f"unknown dataset '{spec}'", "use builtin-qa, sharegpt, synthetic:IN,OUT or a .jsonl file")
+    raise LlmoptError(f"unknown dataset '{spec}'", "use builtin-qa, builtin-coding, sharegpt, synthetic:IN,OUT or a .jsonl file")
 
 
 def _synthetic_lengths(spec: str) -> tuple[int, int]:

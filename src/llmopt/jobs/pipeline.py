@@ -16,6 +16,7 @@ from llmopt.techniques import measure, package
 from llmopt.techniques.base import BuildContext, Step
 
 StepReporter = Callable[[str, str, float, float | None], None]
+SERVER_OVERHEAD_BYTES = 2 * 2**30  # a vLLM server's memory beyond weights and KV cache (exports assume the same)
 
 
 def plan(recipe: Any) -> list[Step]:
@@ -25,6 +26,17 @@ def plan(recipe: Any) -> list[Step]:
     if not any(step.writes_weights for step in steps):
         steps.insert(0, package.STEP)
     return [*steps, measure.MEASURE]
+
+
+def peak_memory_bytes(source: Model, recipe: Any, hardware: platform.Hardware) -> int:
+    """What a job's worker may hold at once, for a scheduler to reserve: the larger of its build
+    steps' peak, each technique's own estimate (quantizing: about three times the source's weights,
+    the bf16 model and its compressed copy, plus the libraries and the calibration activations), and
+    the measure step's server (the source's weights, at least the artifact's; the KV cache when it
+    is in host memory; the server's overhead). A draft model's weights are not counted."""
+    kv_cache = techniques.engine(recipe).kv_cache_gib * 2**30 if hardware.device == "cpu" else 0
+    serving = source.size_bytes + kv_cache + SERVER_OVERHEAD_BYTES
+    return max(serving, techniques.peak_bytes(recipe, source, hardware))
 
 
 def artifact_key(source: Model, recipe: Any, hardware: platform.Hardware) -> str:

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import errno
-import os
+import json
 import secrets
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from typing import Any
 
-from llmopt import names, paths, procs, serving, sources, techniques
+from llmopt import model_check, names, paths, serving, sources, techniques
 from llmopt.endpoints import Endpoint
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
-from llmopt.jobs import pipeline, store
-
-STOP_GRACE_S = 30.0
+from llmopt.jobs import executors, pipeline, store
 
 
 class Job:
@@ -65,19 +61,23 @@ class Job:
         return f"Job({self.name!r}, status={self.status})"
 
 
-def create(model: str, recipe: Any, name: str | None = None, output: str | Path | None = None, force: bool = False) -> Job:
-    """Check a job, then record it and start its worker (or reuse a matching artifact).
+def create(model: str, recipe: Any, name: str | None = None, output: str | Path | None = None, force: bool = False,
+           executor: str = "local", ray_address: str | None = None) -> Job:
+    """Check a job, then record it and start its worker with `executor` (or reuse a matching artifact).
 
-    Everything checkable before the worker starts is checked first: a refused job leaves no record
-    and no folder. Once recorded, a job keeps its record whatever happens, with the reason if it fails.
+    Everything checkable before the worker starts is checked first (the executor too: Ray installed
+    and answering): a refused job leaves no record and no folder. Once recorded, a job keeps its
+    record whatever happens, with the reason if it fails.
     """
     name = names.check(name, "job") if name else f"{names.slug(Path(model).name)[:40]}-{recipe.name or 'custom'}-{secrets.token_hex(3)}"
     if store.taken(name):
         raise LlmoptError(f"a job named '{name}' already exists", "pass another --name")
     output_dir = Path(output).expanduser().resolve() if output else paths.artifacts_dir(create=False) / name
     _check_output(output_dir)
+    runs_on = executors.choose(executor, ray_address)
     source = sources.resolve(model)
     hardware = platform.detect()
+    model_check.attends_here(json.loads((Path(source.path) / "config.json").read_text()), hardware)
     verdict = techniques.check(recipe, source, hardware)
     verdict.raise_if_refused()
     key = pipeline.artifact_key(source, recipe, hardware)
@@ -86,6 +86,7 @@ def create(model: str, recipe: Any, name: str | None = None, output: str | Path 
         name=name, source=source.id, source_hash=source.content_hash, recipe=recipe.to_dict(), artifact_key=key,
         log_path=str(log_path), output_dir=str(output_dir),
         progress={s.name: store.StepProgress() for s in pipeline.plan(recipe)}, force=force, created_at=time.time(),
+        executor=runs_on.name,
     )
     previous = None if force else store.find_completed(key)
     if previous is not None:
@@ -94,9 +95,10 @@ def create(model: str, recipe: Any, name: str | None = None, output: str | Path 
             "status": store.COMPLETED, "artifact": previous.artifact, "started_at": now, "ended_at": now,
             "progress": {"reused": store.StepProgress(status="done", fraction=1.0, reused_from=previous.name)}}))
         return Job(name, verdict.warnings, reused_from=previous.name)
+    resources = _resources(source, recipe, hardware)
     store.claim(record)
     try:
-        _spawn(name, log_path)
+        store.update(name, **runs_on.start(name, log_path, resources))
     except BaseException as exc:
         store.update(name, status=store.FAILED, failure_reason=f"the worker did not start: {type(exc).__name__}: {exc}",
                      ended_at=time.time())
@@ -105,27 +107,27 @@ def create(model: str, recipe: Any, name: str | None = None, output: str | Path 
 
 
 def stop(name: str) -> store.JobRecord:
+    """Stop a job's worker through its executor (it removes its work folder and records STOPPED)."""
     record = store.get(name)
     if record.status not in store.ACTIVE:
         raise LlmoptError(f"job '{name}' is {record.status}, not running", "nothing to stop")
+    runs_on = executors.of(record)
+    runs_on.check()  # a Ray job needs Ray answering: refused before the record says STOPPING
     store.update(name, status=store.STOPPING)
-    if record.pid is not None:
-        procs.stop_group(record.pid, record.pid_create_time, grace_s=STOP_GRACE_S)
+    runs_on.stop(record)
     deadline = time.monotonic() + 5
     while store.get(name).status in store.ACTIVE and time.monotonic() < deadline:
         time.sleep(0.2)
     return store.get(name)
 
 
-def _spawn(name: str, log_path: Path) -> None:
-    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "llmopt.jobs.worker", name],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            # the job reports progress per step; llm-compressor's and transformers' bars would only fill its log
-            env={**os.environ, "TQDM_DISABLE": "1"}, start_new_session=True,
-        )
-    store.update(name, pid=popen.pid, pid_create_time=procs.create_time(popen.pid))
+def _resources(source: sources.Model, recipe: Any, hardware: platform.Hardware) -> executors.Resources:
+    """What the worker needs where it runs. On CPU, every core (quantizing and the measuring engine
+    use them all); on GPUs, one per tensor-parallel shard, and a core for each shard's worker plus
+    two (the engine core and the API server), as exports assume. Memory: `pipeline.peak_memory_bytes`."""
+    gpus = techniques.engine(recipe).tensor_parallel_size if hardware.device == "cuda" else 0
+    return executors.Resources(cpus=float(gpus + 2 if gpus else hardware.cores),
+                               memory_bytes=pipeline.peak_memory_bytes(source, recipe, hardware), gpus=gpus)
 
 
 def _check_output(output_dir: Path) -> None:

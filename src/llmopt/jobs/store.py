@@ -1,5 +1,6 @@
 """Job records. Reading a record reconciles it with reality: a job whose worker died is FAILED
-(or STOPPED, if a stop was asked for), never left running forever."""
+(or STOPPED, if a stop was asked for), never left running forever. Its executor says whether the
+worker still runs (a local process's pid, or Ray's status of the Ray job)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from llmopt import artifact, procs, records
+from llmopt import artifact, records
 from llmopt.errors import LlmoptError
+from llmopt.jobs import executors
 
 STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED = (
     "STARTING", "INPROGRESS", "COMPLETED", "FAILED", "STOPPING", "STOPPED",
@@ -38,8 +40,11 @@ class JobRecord(BaseModel):
     log_path: str
     output_dir: str | None
     artifact: str | None = None
-    pid: int | None = None
+    executor: str = "local"  # where the worker runs: one of executors.NAMES
+    pid: int | None = None  # the local executor's worker
     pid_create_time: float | None = None
+    ray_address: str | None = None  # the Ray executor's: the dashboard the job went to, and its id there
+    ray_submission_id: str | None = None
     progress: dict[str, StepProgress] = Field(default_factory=dict)
     force: bool = False
     created_at: float
@@ -62,7 +67,8 @@ JOBS = records.Table("jobs", JobRecord, key="name", order="created_at")
 
 
 def _gives_up_its_name(record: JobRecord | None) -> bool:
-    return record is not None and record.status == FAILED and record.pid is None  # its worker never started
+    """A failed job whose worker never started (no process, no Ray job)."""
+    return record is not None and record.status == FAILED and record.pid is None and record.ray_submission_id is None
 
 
 def taken(name: str) -> bool:
@@ -126,17 +132,17 @@ def find_completed(key: str) -> JobRecord | None:
 def _reconcile(record: JobRecord) -> JobRecord:
     if record.status not in ACTIVE:
         return record
-    lost = procs.lost(record.pid, record.pid_create_time, record.created_at)
-    if lost is None:
+    ended = executors.of(record).ended(record)
+    if ended is None:
         return record
-    reason = ("the job's worker was never started (the creating process died)" if lost == "never started"
-              else f"worker process {record.pid} died without finishing; see {record.log_path}")
-    status = STOPPED if record.status == STOPPING else FAILED
-    if record.pid is not None:
-        procs.kill_group(record.pid, record.pid_create_time)  # an engine the dead worker started shares its group
+    now = time.time()
+    with JOBS.transaction() as conn:
+        latest = JOBS.read(conn, record.name)
+        if latest is None or latest.status not in ACTIVE:
+            return latest or record  # the worker recorded its end after all, while it was being asked about
+        status = STOPPED if latest.status == STOPPING or ended.stopped else FAILED
+        failure = None if latest.status == STOPPING else ended.reason  # a stop llmopt asked for needs no reason
+        JOBS.write(conn, record.name, status=status, failure_reason=failure, ended_at=now)
     if record.workdir is not None:
         shutil.rmtree(record.workdir, ignore_errors=True)
-    ended = time.time()
-    failure = None if status == STOPPED else reason
-    update(record.name, status=status, failure_reason=failure, ended_at=ended)
-    return record.model_copy(update={"status": status, "failure_reason": failure, "ended_at": ended})
+    return latest.model_copy(update={"status": status, "failure_reason": failure, "ended_at": now})

@@ -86,3 +86,37 @@ def cdf_chart(title: str, xlabel: str, series: dict[str, list[float]]) -> str:
         if n:
             lines[label] = [(v, (i + 1) / n * 100) for i, v in enumerate(ordered)]
     return line_chart(title, xlabel, "% of samples ≤ x", lines, step=True, y_top=100)
+
+
+def scatter_chart(title: str, xlabel: str, ylabel: str, points: dict[str, tuple[float, float]], front: list[str]) -> str:
+    """Labelled points, with the Pareto front joined by a line (front given in drawing order)."""
+    if not points:
+        return f'<svg width="{WIDTH}" height="{HEIGHT}" role="img"><text x="20" y="40">{escape(title)}: no data</text></svg>'
+    xs, ys = [p[0] for p in points.values()], [p[1] for p in points.values()]
+    x_ticks, y_ticks = _nice_ticks(0.0, max(xs) * 1.08), _nice_ticks(0.0, max(ys) * 1.08)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    x_of = lambda x: LEFT + x / x_ticks[-1] * plot_w  # noqa: E731
+    y_of = lambda y: TOP + plot_h - y / y_ticks[-1] * plot_h  # noqa: E731
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{escape(title)}">',
+             f'<text x="{WIDTH / 2}" y="18" text-anchor="middle" font-weight="bold" font-size="13">{escape(title)}</text>']
+    for tick in y_ticks:
+        parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y_of(tick):.1f}" y2="{y_of(tick):.1f}" stroke="#e5e5e5"/>'
+                     f'<text x="{LEFT - 6}" y="{y_of(tick) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(tick)}</text>')
+    for tick in x_ticks:
+        parts.append(f'<text x="{x_of(tick):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" font-size="11">{_fmt(tick)}</text>')
+    parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{TOP + plot_h}" y2="{TOP + plot_h}" stroke="#333"/>'
+                 f'<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{TOP + plot_h}" stroke="#333"/>'
+                 f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 8}" text-anchor="middle" font-size="12">{escape(xlabel)}</text>'
+                 f'<text x="14" y="{TOP + plot_h / 2}" text-anchor="middle" font-size="12" '
+                 f'transform="rotate(-90 14 {TOP + plot_h / 2})">{escape(ylabel)}</text>')
+    line = [points[label] for label in front if label in points]
+    if len(line) > 1:
+        path = " ".join(f"{x_of(x):.1f},{y_of(y):.1f}" for x, y in line)
+        parts.append(f'<polyline class="front" fill="none" stroke="{PALETTE[1]}" stroke-width="1.5" stroke-dasharray="4 3" points="{path}"/>')
+    for label, (x, y) in points.items():
+        on_front = label in front
+        parts.append(f'<circle class="{"front" if on_front else "point"}" cx="{x_of(x):.1f}" cy="{y_of(y):.1f}" r="{4 if on_front else 3}" '
+                     f'fill="{PALETTE[1] if on_front else PALETTE[0]}"><title>{escape(label)}: {_fmt(x)}, {_fmt(y)}</title></circle>'
+                     f'<text x="{x_of(x) + 5:.1f}" y="{y_of(y) - 5:.1f}" font-size="9" fill="#555">{escape(label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

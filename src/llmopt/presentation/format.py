@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from llmopt.evaluation.results import Ratio
+
 
 def num(value: float | None, digits: int = 1) -> str:
     return "" if value is None else f"{value:,.{digits}f}"
@@ -19,6 +21,17 @@ def times(value: float | None) -> str:
 
 def pct(value: float | None) -> str:
     return "" if value is None else f"{value:.1%}"
+
+
+def ratio(r: Ratio | None, better: str = "faster", worse: str = "slower") -> str:
+    """'1.58x faster [1.41-1.77]', or 'no measurable difference [0.97-1.04]' when the interval spans 1."""
+    if r is None:
+        return ""
+    low, high = r.gain_interval
+    if not r.measurable:
+        return f"no measurable difference [{low:.2f}-{high:.2f}]"
+    gain = r.gain
+    return f"{gain:.2f}x {better} [{low:.2f}-{high:.2f}]" if gain >= 1 else f"{1 / gain:.2f}x {worse} [{1 / high:.2f}-{1 / low:.2f}]"
 
 
 def when(ts: float | None) -> str:

@@ -9,18 +9,23 @@ from pathlib import Path
 from typing import Callable
 
 from llmopt.evaluation.results import Comparison, EvaluationResults, Level, Stats, TargetResult
-from llmopt.presentation import charts
-from llmopt.presentation.format import money, num, pct, times
+from llmopt.presentation import charts, comparison
+from llmopt.presentation.format import money, num
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.html"
 
 
 def write(results: EvaluationResults, output: Path) -> None:
+    save(output, {RESULTS_FILE: results.model_dump_json(indent=2), REPORT_FILE: html(results)})
+
+
+def save(output: Path, files: dict[str, str]) -> None:
+    """Files of a run's output folder, each replaced whole: a reader never sees one half-written."""
     output.mkdir(parents=True, exist_ok=True)
-    tmp = output / (RESULTS_FILE + ".tmp")
-    tmp.write_text(results.model_dump_json(indent=2))
-    os.replace(tmp, output / RESULTS_FILE)
-    (output / REPORT_FILE).write_text(html(results))
+    for name, text in files.items():
+        tmp = output / (name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, output / name)
 
 
 def _p50(stats: Stats | None) -> float | None:
@@ -124,12 +129,7 @@ def _quality_html(target: TargetResult) -> str:
     return f"<p>Quality: {escape('; '.join(parts))}</p>" if parts else ""
 
 
-def comparison_table(comparison: Comparison) -> str:
-    rows = []
-    for row in comparison.targets:
-        agreement = row.greedy_agreement.token_agreement if row.greedy_agreement else None
-        for lvl in row.levels:
-            rows.append((row.label, lvl.concurrency, times(lvl.output_tokens_per_s), times(lvl.ttft_p50), times(lvl.itl_p50),
-                         times(lvl.latency_p50), times(lvl.blended_price), times(row.perplexity_ratio), pct(agreement)))
-    head = ("target", "concurrency", "output tok/s", "TTFT p50", "ITL p50", "latency p50", "blended price", "perplexity", "greedy agreement")
-    return f"<h2>Ratios to {escape(comparison.reference)}</h2>" + _table(head, rows)
+def comparison_table(results_comparison: Comparison) -> str:
+    head, rows = comparison.table(results_comparison)
+    return (f"<h2>Against {escape(results_comparison.reference)}</h2>" + _table(tuple(head), [tuple(r) for r in rows])
+            + f'<p class="meta">{escape(comparison.NOTE)}</p>')

@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from llmopt.evaluation.results import EvaluationResults, Stats
-from llmopt.presentation.format import money, num, pct, times
+from llmopt.presentation import comparison
+from llmopt.presentation.format import money, num
 
 
 def _p50(stats: Stats | None) -> float | None:
@@ -45,13 +46,6 @@ def evaluation(results: EvaluationResults, console: Console) -> None:
         if target.aborted:
             console.print(f"[red]aborted:[/] {target.aborted}")
     if results.comparison:
-        c = Table(title=f"Ratios to {results.comparison.reference}")
-        for column in ("target", "conc", "out tok/s", "TTFT p50", "ITL p50", "latency p50", "price", "perplexity", "greedy agreement"):
-            c.add_column(column, justify="right")
-        for row in results.comparison.targets:
-            agreement = row.greedy_agreement.token_agreement if row.greedy_agreement else None
-            for lvl in row.levels:
-                c.add_row(row.label, str(lvl.concurrency), times(lvl.output_tokens_per_s), times(lvl.ttft_p50),
-                          times(lvl.itl_p50), times(lvl.latency_p50), times(lvl.blended_price), times(row.perplexity_ratio),
-                          pct(agreement))
-        console.print(c)
+        head, rows = comparison.table(results.comparison)
+        listing(console, f"Against {results.comparison.reference}", head, rows)
+        console.print(comparison.NOTE)

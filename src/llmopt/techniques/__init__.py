@@ -55,11 +55,21 @@ def engine(recipe: Any, base: EngineConfig | None = None) -> EngineConfig:
 
 def check(recipe: Any, target: Model, hardware: Hardware) -> compatibility.Verdict:
     """Every section against the matrix, then its technique's own checks, for this model and machine."""
-    ctx = CheckContext(target, json.loads((Path(target.path) / "config.json").read_text()), hardware, engine(recipe),
-                       compatibility.Verdict())
+    ctx = _context(recipe, target, hardware)
     for technique, spec in active(recipe):
         check_section(technique, spec, ctx)
     return ctx.verdict
+
+
+def peak_bytes(recipe: Any, target: Model, hardware: Hardware) -> int:
+    """The most memory any section's own build steps hold at once (0: none says it needs any)."""
+    ctx = _context(recipe, target, hardware)
+    return max((technique.peak_bytes(spec, ctx) for technique, spec in active(recipe)), default=0)
+
+
+def _context(recipe: Any, target: Model, hardware: Hardware) -> CheckContext:
+    return CheckContext(target, json.loads((Path(target.path) / "config.json").read_text()), hardware, engine(recipe),
+                        compatibility.Verdict())
 
 
 def key_extras(recipe: Any, source: Model) -> dict[str, Any]:

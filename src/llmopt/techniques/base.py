@@ -1,11 +1,12 @@
 """What a technique is: one object that owns a recipe section through every phase of its life.
 
 A technique declares its section's type and, for that section: the compatibility-matrix names it
-answers to and the checks that need the model or the machine; its contribution to the artifact
-key; the engine settings it sets; its build steps; whether it changes the model's numbers (so the
-measure step compares quality with the source) and what it then requires; and what it proves on
-every running engine that uses its settings. The registry (`techniques/__init__.py`) lists the
-techniques; planning, checking, keying, measuring and verifying loop over it and name none.
+answers to and the checks that need the model or the machine; its contribution to the artifact key;
+the engine settings it sets; its build steps (and the memory they need at their peak); whether it
+changes the model's numbers (so the measure step compares quality with the source) and what it then
+requires; and what it proves on every running engine that uses its settings. The registry
+(`techniques/__init__.py`) lists the techniques; planning, checking, keying, measuring and
+verifying loop over it and name none.
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ class Technique:
 
     def check(self, spec: Any, ctx: CheckContext) -> None:
         """Rules that need the model or the machine: add refusals or warnings to ctx.verdict."""
+
+    def peak_bytes(self, spec: Any, ctx: CheckContext) -> int:
+        """Memory this section's own build steps hold at their peak in the job's worker (for a
+        scheduler to reserve); 0: no more than serving the artifact takes."""
+        return 0
 
     def key(self, spec: Any, source: Model) -> dict[str, Any]:
         """Inputs beyond the section itself that make the artifact what it is (files it reads)."""

@@ -15,7 +15,7 @@ from llmopt.engine import compile_cache, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.evaluation import quality
 from llmopt.techniques.base import BuildContext, Step
-from llmopt.techniques.served import served
+from llmopt.techniques.served import Served, served
 
 
 class Measurements(BaseModel):
@@ -46,7 +46,7 @@ def run(ctx: BuildContext) -> None:
         ctx.progress(0.5)
         ppl = quality.perplexity(run.server.url, run.running.served_name, corpus.heldout_texts())
         ctx.progress(0.6)
-        greedy = quality.greedy_tokens(run.server.url, run.running.served_name)
+        greedy = _greedy(ctx, run)
         measured = Measurements(ready_seconds=run.ready_seconds, start=run.start, perplexity=ppl, greedy_tokens=greedy,
                                 kernels=vllm.kernels(run.log_path.read_text(errors="replace")),
                                 verified={k: v.model_dump(mode="json") for k, v in verified.items()})
@@ -101,6 +101,11 @@ def _base(ctx: BuildContext) -> SourceNumbers:
     ctx.log.info("serving the source model to measure its perplexity and greedy outputs")
     with served(ctx, ctx.source.path, EngineConfig(), "measure-base") as run:
         base = SourceNumbers(perplexity=quality.perplexity(run.server.url, run.running.served_name, corpus.heldout_texts()),
-                             greedy_tokens=quality.greedy_tokens(run.server.url, run.running.served_name))
+                             greedy_tokens=_greedy(ctx, run))
     cached.write_text(base.model_dump_json())
     return base
+
+
+def _greedy(ctx: BuildContext, run: Served) -> list[list[int]]:
+    """Greedy outputs through the chat template, or of plain prompts for a model that has none."""
+    return quality.greedy_tokens(run.server.url, run.running.served_name, chat=ctx.source.chat_template is not None)

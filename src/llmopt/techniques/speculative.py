@@ -17,7 +17,8 @@ from llmopt.engine import metrics as engine_metrics
 from llmopt.engine import vllm
 from llmopt.engine.config import EngineConfig, SpeculativeConfig
 from llmopt.errors import LlmoptError
-from llmopt.evaluation import levels, workload
+from llmopt.evaluation import compare, levels, workload
+from llmopt.evaluation.results import Level, Ratio
 from llmopt.techniques import quantization
 from llmopt.techniques.base import BuildContext, CheckContext, Reference, Running, Section, Step, Technique, check_section
 from llmopt.techniques.quantization.schemes import Quantization
@@ -27,12 +28,16 @@ DRAFT_DIR = "draft"
 
 
 class SpeculationSweep(Section):
-    """How a job finds where speculation stops paying: output tokens/s with and without it, side by
-    side on this machine, at each concurrency level, on this workload (the user's own JSONL is best)."""
+    """How a job finds where speculation stops paying: the same work with and without it, side by
+    side on this machine, at each concurrency level, on a workload like the model's (the user's own
+    JSONL is best)."""
 
-    dataset: str = Field("builtin-qa", description="builtin-qa, sharegpt, synthetic:IN,OUT or a JSONL path.")
+    dataset: str = Field("auto", description="'auto' (the catalogue's workload for the model: coding prompts for "
+                         "coder models, QA otherwise), builtin-qa, builtin-coding, sharegpt, synthetic:IN,OUT or a JSONL path.")
     concurrency: tuple[int, ...] = Field((1, 2, 4, 8), min_length=1)
-    requests: int = Field(8, gt=0, le=4096, description="Requests per level, per engine.")
+    requests: int = Field(8, gt=0, le=4096, description="Requests per level, per engine (at least 4 per concurrent user).")
+    output_tokens: int = Field(128, gt=0, le=4096, description="Tokens every request generates (end-of-sequence "
+                               "ignored): both engines do the same work, so the ratio measures decoding, not answer lengths.")
 
     @model_validator(mode="after")
     def _levels(self) -> "SpeculationSweep":
@@ -97,19 +102,29 @@ Speculative = Annotated[Union[DraftModel, NGram], Field(discriminator="method")]
 
 
 class SweepRow(BaseModel):
+    """One level of the sweep, on equal work."""
+
     concurrency: int
     output_tokens_per_s: float
     output_tokens_per_s_without: float
-    speedup: float
+    speedup: Ratio  # output tokens/s with over without, with its interval
+    decode_speedup: float | None  # time per output token without over with: what speculation changes
+    ttft_cost_ms: float | None  # TTFT with minus without (p50): a draft's own prefill, and verifying
     acceptance_rate: float
     mean_accepted_length: float
+
+    @property
+    def loses(self) -> bool:
+        """Slower outside the noise: the whole interval is below 1."""
+        return self.speedup.high < 1.0
 
 
 class Sweep(BaseModel):
     dataset: str
+    output_tokens: int
     requests_per_level: int
-    levels: list[SweepRow]
-    first_level_below_1x: int | None = None
+    levels: list[SweepRow]  # up to the first level that loses: higher levels are not run
+    first_losing_level: int | None = None
     disable_above_batch: int | None = None  # where the job switched speculation off
 
 
@@ -185,7 +200,7 @@ class SpeculativeTechnique(Technique):
                 ctx.verdict.warnings += [f"draft quantization: {w}" for w in of_draft.verdict.warnings]
         if spec.disable_above_batch == "auto":
             try:
-                workload.check(spec.sweep.dataset, ctx.target.path)
+                workload.check(sweep_dataset(spec.sweep, ctx.target), ctx.target.path)
             except LlmoptError as exc:
                 ctx.verdict.refusals.append(f"speculative.sweep.dataset: {exc.problem}; {exc.fix}")
 
@@ -232,29 +247,36 @@ class SpeculativeTechnique(Technique):
         ctx.progress(1.0)
 
     def _sweep(self, ctx: BuildContext) -> None:
-        """Serve the artifact without and then with speculation, load both at each concurrency level
-        on the sweep's workload, and switch speculation off above the last level where it pays."""
+        """Serve the artifact without speculation and load it at every level, then with speculation
+        level by level, on equal work; stop at the first level that loses outside the noise and
+        switch speculation off above the last one that did not (or fail, if that is the first)."""
         spec = ctx.recipe.speculative
-        plan = levels.Plan(dataset=spec.sweep.dataset, concurrency=spec.sweep.concurrency, requests=spec.sweep.requests)
-        measured = {}
-        for i, (label, engine) in enumerate([("without", ctx.engine.model_copy(update={"speculative": None})),
-                                             ("with", ctx.engine)]):
-            with served(ctx, str(ctx.workdir), engine, f"sweep-{label}") as run:
-                ctx.progress(0.1 + 0.45 * i)
-                measured[label] = levels.measure(run.server.url, run.running.served_name, str(ctx.workdir), plan)
-        rows = [_row(base, with_spec) for base, with_spec in zip(measured["without"], measured["with"])]
-        sweep = Sweep(dataset=spec.sweep.dataset, requests_per_level=spec.sweep.requests, levels=rows,
-                      first_level_below_1x=next((r.concurrency for r in rows if r.speedup < 1.0), None))
-        ctx.log.info("speculation against none, output tokens/s: %s", _table(rows))
-        limit = switch_off_above(rows, spec.sweep.dataset)
+        dataset = sweep_dataset(spec.sweep, ctx.source)
+        if not Path(dataset).is_file():
+            ctx.log.info("the sweep measures on %s; a JSONL of your own prompts (speculative.sweep.dataset) measures "
+                         "where speculation pays on your work", dataset)
+        plan = levels.Plan(dataset=dataset, concurrency=spec.sweep.concurrency, requests=spec.sweep.requests,
+                           min_duration_s=0, output_tokens=spec.sweep.output_tokens)
+        with served(ctx, str(ctx.workdir), ctx.engine.model_copy(update={"speculative": None}), "sweep-without") as run:
+            without = levels.measure(run.server.url, run.running.served_name, str(ctx.workdir), plan)
+        ctx.progress(0.5)
+        rows: list[SweepRow] = []
+        with served(ctx, str(ctx.workdir), ctx.engine, "sweep-with") as run:
+            for base in without:
+                level = plan.model_copy(update={"concurrency": (base.concurrency,)})
+                rows.append(_row(base, levels.measure(run.server.url, run.running.served_name, str(ctx.workdir), level)[0]))
+                ctx.log.info("speculation against none, equal work: %s", _table(rows))
+                if rows[-1].loses:
+                    break
+        sweep = Sweep(dataset=dataset, output_tokens=spec.sweep.output_tokens, requests_per_level=spec.sweep.requests,
+                      levels=rows, first_losing_level=next((r.concurrency for r in rows if r.loses), None))
+        ctx.metrics[self.section].sweep = sweep  # type: ignore[attr-defined]
+        limit = switch_off_above(rows, dataset)
         if limit is not None:
             assert ctx.engine.speculative is not None
             ctx.engine = ctx.engine.model_copy(update={"speculative": ctx.engine.speculative.disabled_above(limit)})
             sweep.disable_above_batch = limit
             ctx.log.info("speculation switched off above batch %d", limit)
-        record = ctx.metrics[self.section]
-        assert isinstance(record, SpeculativeRecord)
-        record.sweep = sweep
         ctx.progress(1.0)
 
     def verify(self, engine: EngineConfig, running: Running) -> engine_metrics.SpeculationStats | None:
@@ -267,28 +289,53 @@ class SpeculativeTechnique(Technique):
 TECHNIQUE = SpeculativeTechnique()
 
 
+def sweep_dataset(sweep: SpeculationSweep, model: sources.Model) -> str:
+    """The sweep's workload: as the recipe names it, or for 'auto' the catalogue's for the model."""
+    if sweep.dataset != "auto":
+        return sweep.dataset
+    catalogued = catalog_id(model)
+    return catalog.get(catalogued).sweep_dataset if catalogued else "builtin-qa"
+
+
 def switch_off_above(rows: list[SweepRow], dataset: str) -> int | None:
-    """The last level before the first where speculation loses; None if it pays at every level.
-    A recipe whose speculation loses even at the lowest level fails: it would only cost."""
-    losing = next((i for i, row in enumerate(rows) if row.speedup < 1.0), None)
+    """The last level before the first that loses outside the noise; None if none does. A recipe
+    whose speculation loses even at the lowest level fails: it would only cost."""
+    losing = next((i for i, row in enumerate(rows) if row.loses), None)
     if losing == 0:
-        raise LlmoptError(
-            f"speculation does not pay here: {_table(rows)} output tokens/s against none on {dataset} "
-            f"(acceptance {rows[0].acceptance_rate:.2f})",
-            "sweep on a workload like yours (speculative.sweep.dataset), lower num_speculative_tokens, or drop speculation",
-        )
+        first = rows[0]
+        if first.acceptance_rate < 0.5:
+            advice = (f"drafts are rarely accepted ({first.acceptance_rate:.2f}): draft with a model closer to the target, "
+                      "use n-gram only where answers copy from the prompt, or sweep on a workload like yours "
+                      "(speculative.sweep.dataset)")
+        else:
+            advice = (f"drafts are accepted ({first.acceptance_rate:.2f}) but proposing and verifying them costs more than "
+                      "they save on this machine: quantize the draft (speculative.quantization), draft with a smaller "
+                      "model, or serve without speculation")
+        raise LlmoptError(f"speculation does not pay here: {_table(rows)} on {dataset}", advice)
     return None if losing is None else rows[losing - 1].concurrency
 
 
 def _table(rows: list[SweepRow]) -> str:
-    return ", ".join(f"c{r.concurrency} {r.speedup:.2f}x" for r in rows)
+    return ", ".join(
+        f"c{r.concurrency} {r.speedup.value:.2f}x output tokens/s [{r.speedup.low:.2f}-{r.speedup.high:.2f}]"
+        + (f" (decode {r.decode_speedup:.2f}x, TTFT {r.ttft_cost_ms:+.0f} ms, acceptance {r.acceptance_rate:.2f})"
+           if r.decode_speedup is not None and r.ttft_cost_ms is not None else "")
+        for r in rows)
 
 
-def _row(base: levels.Level, spec: levels.Level) -> SweepRow:
+def _row(base: Level, spec: Level) -> SweepRow:
     accepted = spec.speculative
+    speedup = compare.throughput_ratio(spec, base, spec.output_tokens_per_s, base.output_tokens_per_s,
+                                       lambda s: s.output_tokens, "higher", "equal work")
+    if speedup is None:
+        errors = {**base.errors, **spec.errors}
+        raise LlmoptError(f"the sweep's requests at concurrency {base.concurrency} produced nothing"
+                          + (f" ({next(iter(errors))})" if errors else ""), "read the engine logs of the sweep (sweep-*.log)")
+    tpot = (base.tpot_ms.p50 / spec.tpot_ms.p50) if base.tpot_ms and spec.tpot_ms and spec.tpot_ms.p50 else None
+    ttft = (spec.ttft_ms.p50 - base.ttft_ms.p50) if base.ttft_ms and spec.ttft_ms else None
     return SweepRow(concurrency=base.concurrency, output_tokens_per_s=round(spec.output_tokens_per_s, 2),
-                    output_tokens_per_s_without=round(base.output_tokens_per_s, 2),
-                    speedup=round(spec.output_tokens_per_s / base.output_tokens_per_s, 3),
+                    output_tokens_per_s_without=round(base.output_tokens_per_s, 2), speedup=speedup,
+                    decode_speedup=round(tpot, 3) if tpot else None, ttft_cost_ms=round(ttft, 1) if ttft is not None else None,
                     acceptance_rate=round(accepted.acceptance_rate if accepted else 0.0, 3),
                     mean_accepted_length=round(accepted.mean_accepted_length if accepted else 0.0, 2))
 

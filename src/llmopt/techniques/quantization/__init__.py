@@ -7,8 +7,10 @@ why). It is imported lazily: only quantizing jobs pay for it.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import logging
+import os
 import resource
 import shutil
 import time
@@ -19,6 +21,7 @@ import psutil
 
 from pydantic import BaseModel
 
+from llmopt import hashing, paths
 from llmopt.errors import LlmoptError
 from llmopt.sources import Model
 from llmopt.techniques.base import BuildContext, CheckContext, Step, Technique
@@ -26,6 +29,7 @@ from llmopt.techniques.quantization import calibration, schemes
 from llmopt.techniques.quantization.calibration import CalibrationRecord
 from llmopt.techniques.quantization.schemes import Quantization
 
+KEPT_RECORD = "quantization.json"
 RUNTIME_BYTES = 1.5e9  # torch, transformers and llm-compressor imported, before any model
 ACTIVATION_COPIES = 12  # bf16 hidden-state copies per calibrated token (layer inputs, outputs, AWQ's cached args)
 
@@ -74,6 +78,7 @@ class QuantizationRecord(BaseModel):
     size_bytes: int
     source_size_bytes: int
     seed: int = schemes.SEED  # torch's, Python's and NumPy's, set before quantizing; calibration runs in order
+    reused: bool = False  # linked from weights an earlier job quantized the same way (figures are that job's)
 
     @property
     def method(self) -> str:
@@ -113,6 +118,9 @@ class QuantizationTechnique(Technique):
         if refusal:
             ctx.verdict.refusals.append(refusal)
 
+    def peak_bytes(self, spec: Quantization, ctx: CheckContext) -> int:
+        return estimate_peak_bytes(spec, ctx.config, ctx.target.size_bytes)
+
     def key(self, spec: Quantization, source: Model) -> dict[str, Any]:
         """The calibration text: the built-in set changes between versions, a user's file may change."""
         return {"calibration": calibration.fingerprint(spec.calibration)} if schemes.needs_calibration(spec) else {}  # type: ignore[union-attr]
@@ -144,7 +152,31 @@ TECHNIQUE = QuantizationTechnique()
 def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_parallel: int,
                    log: logging.Logger, progress: Callable[[float], None]) -> QuantizationRecord:
     """Quantize a model folder into `dest` as a compressed-tensors checkpoint; returns what the
-    manifest records about it. The target of a recipe and a draft model both go through here."""
+    manifest records about it. The target of a recipe and a draft model both go through here.
+
+    Quantizing is deterministic, so weights once made for a source, scheme, calibration text and
+    sharding are kept (`$LLMOPT_HOME/quantized/<key>/`, hard-linked where it can be) and linked
+    into the next artifact that asks for the same: stacking speculation or another engine setting
+    on a quantized model does not quantize again."""
+    key = hashing.json_sha256({
+        "source": source_model.content_hash, "scheme": q.model_dump(mode="json"), "tensor_parallel": tensor_parallel,
+        "calibration": calibration.fingerprint(q.calibration) if schemes.needs_calibration(q) else None,  # type: ignore[union-attr]
+        "llmcompressor": _version("llmcompressor"), "compressed_tensors": _version("compressed-tensors"),
+    })
+    kept = paths.home() / "quantized" / key
+    if (kept / KEPT_RECORD).is_file():
+        _link_tree(kept, dest)
+        record = QuantizationRecord.model_validate_json((kept / KEPT_RECORD).read_text()).model_copy(update={"reused": True})
+        log.info("reusing %s weights quantized earlier for %s (%s)", q.method, source_model.id, kept)
+        progress(1.0)
+        return record
+    record = _quantize(q, source_model, dest, tensor_parallel, log, progress)
+    _keep(dest, kept, record)
+    return record
+
+
+def _quantize(q: Quantization, source_model: Model, dest: Path, tensor_parallel: int,
+              log: logging.Logger, progress: Callable[[float], None]) -> QuantizationRecord:
     source = Path(source_model.path)
     config = json.loads((source / "config.json").read_text())
     fitted = schemes.fit(q, config, tensor_parallel)
@@ -190,6 +222,37 @@ def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_para
              q.method, record.seconds, record.source_size_bytes / 1e6, record.size_bytes / 1e6, record.peak_rss_bytes / 2**30)
     progress(1.0)
     return record
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return md.version(distribution)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _link_tree(source: Path, dest: Path) -> None:
+    """Every file of `source` (but its record) into `dest`: hard links on one file system, copies across."""
+    for path in source.rglob("*"):
+        if path.is_file() and path.name != KEPT_RECORD:
+            target = dest / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, target)
+            except OSError:
+                shutil.copyfile(path, target)
+
+
+def _keep(dest: Path, kept: Path, record: QuantizationRecord) -> None:
+    """Keep a copy of freshly quantized weights under their key, made whole before it is named."""
+    staging = kept.parent / f".new-{kept.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    _link_tree(dest, staging)
+    (staging / KEPT_RECORD).write_text(record.model_dump_json())
+    try:
+        staging.rename(kept)
+    except OSError:  # another job kept the same weights first
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _seed(seed: int) -> None:

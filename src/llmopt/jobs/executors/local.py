@@ -1,0 +1,38 @@
+"""The local executor, the default: the worker as a background process on this machine, in a session
+of its own (the measuring engine it starts shares its process group, so one signal reaches both)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from llmopt import procs
+from llmopt.jobs.executors.base import STOP_GRACE_S, Ended, Executor, Resources, Worker, worker_command
+
+
+class LocalExecutor(Executor):
+    name = "local"
+
+    def start(self, job: str, log_path: Path, resources: Resources) -> dict[str, object]:
+        """The process gets this machine as it is: nothing is reserved, so `resources` go unused."""
+        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+            popen = subprocess.Popen(
+                worker_command(job), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                # the job reports progress per step; llm-compressor's and transformers' bars would only fill its log
+                env={**os.environ, "TQDM_DISABLE": "1"}, start_new_session=True,
+            )
+        return {"pid": popen.pid, "pid_create_time": procs.create_time(popen.pid)}
+
+    def stop(self, worker: Worker) -> None:
+        if worker.pid is not None:
+            procs.stop_group(worker.pid, worker.pid_create_time, grace_s=STOP_GRACE_S)
+
+    def ended(self, worker: Worker) -> Ended | None:
+        lost = procs.lost(worker.pid, worker.pid_create_time, worker.created_at)
+        if lost is None:
+            return None
+        if worker.pid is None:
+            return Ended("the job's worker was never started (the creating process died)")
+        procs.kill_group(worker.pid, worker.pid_create_time)  # an engine the dead worker started shares its group
+        return Ended(f"worker process {worker.pid} died without finishing; see {worker.log_path}")

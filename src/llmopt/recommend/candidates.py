@@ -1,0 +1,109 @@
+"""Which recipes a recommendation tries for a model on this machine, and what each will cost in time.
+
+Candidates come from the compatibility matrix for this model, hardware and processor: the model as
+it is, each quantization scheme the matrix marks as fast here, the catalogue's speculation for the
+model (n-gram or its recommended draft, with its quantization), the best quantization stacked with
+speculation, a smaller chunked-prefill budget on the quantized model, and an FP8 KV cache where the
+cache bounds how many sequences fit. What the matrix refuses or marks slow here is left out, with
+the reason. Speculative candidates speculate at every batch size: the recommendation's own
+equal-work measurement at each level says where speculation pays, so no job sweeps for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from llmopt import catalog, compatibility, recipe
+from llmopt.engine.config import EngineConfig
+from llmopt.engine.platform import Hardware
+from llmopt.sources import Model
+from llmopt.techniques import speculative
+
+SCHEMES = ("smoothquant", "awq", "fp8")  # in order of preference where several are fast: quality cost first
+CHUNK_BUDGET = 256  # tokens per step: steadier decoding while other requests' prompts are prefilled
+KV_BYTES_PER_ELEMENT = 2  # bf16 cache
+
+
+class Candidate(BaseModel):
+    name: str
+    recipe: dict[str, Any]
+    estimate_s: float
+    status: str = "pending"  # pending | done | failed | dropped
+    reason: str | None = None  # why it failed, or was dropped
+    job: str | None = None
+    artifact: str | None = None
+    seconds: float | None = None  # what it took
+
+
+class Excluded(BaseModel):
+    technique: str
+    reason: str
+
+
+def build(source: Model, hardware: Hardware, concurrency: tuple[int, ...], extra: list[str]) -> tuple[list[dict], list[Excluded]]:
+    """Candidate recipes (named, as data) and the techniques left out here, with why."""
+    config = json.loads((Path(source.path) / "config.json").read_text())
+    architecture = source.architecture or "unknown"
+    excluded: list[Excluded] = []
+
+    def fast_here(technique: str) -> bool:
+        verdict = compatibility.Verdict()
+        row = compatibility.apply(technique, architecture, hardware, verdict)
+        if row is None or row.status != "supported":
+            excluded.append(Excluded(technique=technique, reason=(verdict.refusals + verdict.warnings + ["not supported here"])[0]))
+            return False
+        return True
+
+    found: list[dict] = [{"name": "bf16"}]
+    schemes = [s for s in SCHEMES if fast_here(f"quantization.{s}" + (".block" if s == "fp8" else ""))]
+    for scheme in schemes:
+        found.append({"name": scheme, "quantization": {"method": scheme}})
+    spec = _speculation(source)
+    if spec is not None and fast_here(f"speculative.{spec['method']}"):
+        label = "ngram" if spec["method"] == "ngram" else "draft"
+        found.append({"name": label, "speculative": spec})
+        if schemes:
+            found.append({"name": f"{schemes[0]}-{label}", "quantization": {"method": schemes[0]}, "speculative": spec})
+            if spec["method"] == "ngram":  # a shorter guess: cheaper to verify where fewer drafts are accepted
+                found.append({"name": f"{schemes[0]}-{label}-k2", "quantization": {"method": schemes[0]},
+                              "speculative": {**spec, "num_speculative_tokens": 2}})
+    if schemes and fast_here("chunked_prefill"):
+        found.append({"name": f"{schemes[0]}-chunk{CHUNK_BUDGET}", "quantization": {"method": schemes[0]},
+                      "chunked_prefill": {"max_num_batched_tokens": CHUNK_BUDGET}})
+    if _cache_bounds_concurrency(config, max(concurrency)) and fast_here("kv_cache.fp8"):
+        found.append({"name": "kv-fp8", "kv_cache": {"dtype": "fp8"}})
+    for path in extra:
+        loaded = recipe.load(path)
+        found.append({**loaded.to_dict(), "name": Path(path).stem})
+    return found, excluded
+
+
+def _speculation(source: Model) -> dict | None:
+    """The catalogue's speculation for a catalogued model; n-gram for any other."""
+    catalogued = speculative.catalog_id(source)
+    method = "ngram" if catalogued is None or catalog.get(catalogued).recommended_draft == "ngram" else "draft_model"
+    return {"method": method, "disable_above_batch": "never"}
+
+
+def _cache_bounds_concurrency(config: dict, concurrency: int, context_tokens: int = 4096) -> bool:
+    """Whether the default KV cache holds fewer than `concurrency` full-length sequences."""
+    heads = config.get("num_key_value_heads", config.get("num_attention_heads", 1))
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * heads * head_dim * KV_BYTES_PER_ELEMENT
+    return EngineConfig().kv_cache_gib * 2**30 // per_token < concurrency * context_tokens
+
+
+def estimate_seconds(candidate: dict, source: Model, hardware: Hardware, levels: int, level_seconds: float) -> float:
+    """A candidate's time on this machine from the model's size: quantizing (llm-compressor on the
+    CPU), the job's measuring engine and the evaluation's (compiled once, then from the compile
+    cache), and the load at every level. Rough, for choosing what fits a budget."""
+    gigabytes = source.size_bytes / 1e9
+    slowdown = 2 / max(hardware.cores, 1)
+    cold_start, warm_start = 60 + 40 * gigabytes, 30 + 20 * gigabytes
+    quantize = {"smoothquant": 330, "awq": 1000, "fp8": 20}.get((candidate.get("quantization") or {}).get("method", ""), 0)
+    seconds = (quantize * gigabytes + cold_start) * slowdown + warm_start + levels * level_seconds
+    return round(seconds + (60 if candidate["name"] == "bf16" else 0), 0)  # the source's own numbers, measured once

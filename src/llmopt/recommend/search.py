@@ -1,0 +1,235 @@
+"""A recommendation: run every candidate as an ordinary job (artifacts are reused by key), measure
+each on equal work at every level with one deployment, rank for the goal, and keep the results as
+deployment configurations. State is saved after each candidate, so a stopped run picks up where it
+stopped: what is done is not run again.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import secrets
+import time
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from llmopt import artifact, hashing, names, paths, serving, sources
+from llmopt.engine import platform, vllm
+from llmopt.engine.platform import Hardware
+from llmopt.errors import LlmoptError
+from llmopt.evaluation import benchmark, levels, pricing
+from llmopt.evaluation.levels import Plan
+from llmopt.evaluation.pricing import HardwareProfile
+from llmopt.evaluation.tokens import TokenCounter
+from llmopt.jobs import runner, store
+from llmopt.recipe import parse
+from llmopt.recommend import candidates as candidate_recipes
+from llmopt.recommend import configs
+from llmopt.recommend.candidates import Candidate, Excluded
+from llmopt.recommend.ranking import GOALS, SLO, Goal, Row, mark, pareto, pick, rank
+
+Events = Callable[..., None]
+SCHEMA_VERSION = 1
+REFERENCE = "bf16"
+
+
+class RecommendSpec(BaseModel):
+    """What a recommendation measures, and what it optimizes for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    goal: Goal = "balanced"
+    slos: tuple[SLO, ...] = ()
+    max_quality_loss: float | None = Field(None, ge=0, le=10, description="Largest perplexity increase, as a fraction.")
+    dataset: str = "builtin-qa"
+    concurrency: tuple[int, ...] = Field((1, 2, 4, 8), min_length=1)
+    requests: int = Field(8, gt=0, le=100_000, description="Requests per level, at least 4 per concurrent user.")
+    min_duration_s: float = Field(10.0, ge=0, le=3600)
+    budget_minutes: float | None = Field(None, gt=0)
+    recipes: tuple[str, ...] = ()  # the user's own recipe files, tried as candidates too
+
+    @model_validator(mode="after")
+    def _levels(self) -> "RecommendSpec":
+        if list(self.concurrency) != sorted(set(self.concurrency)) or self.concurrency[0] <= 0:
+            raise ValueError(f"concurrency must be increasing positive integers, got {list(self.concurrency)}")
+        return self
+
+    def identity(self) -> str:
+        """What makes two runs the same run (the goal, targets and budget only rank and choose)."""
+        return hashing.json_sha256(self.model_dump(mode="json", include={"model", "dataset", "concurrency", "requests",
+                                                                         "min_duration_s", "recipes"}))[:10]
+
+
+class Recommendation(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    id: str
+    spec: RecommendSpec
+    hardware: Hardware
+    price: HardwareProfile
+    engine: str
+    started_at: float
+    finished_at: float | None = None
+    candidates: list[Candidate]
+    excluded: list[Excluded] = []
+    lengths: dict[int, int] = {}  # the reference's output length per prompt: every candidate's equal work
+    rows: list[Row] = []
+    picks: dict[str, Row | None] = {}
+    pareto_throughput: list[Row] = []  # tokens/s per user against total tokens/s
+    pareto_price: list[Row] = []  # price per token against request latency
+
+    @property
+    def folder(self) -> Path:
+        return paths.home() / "recommendations" / self.id
+
+    def save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / "recommendation.json.tmp"
+        tmp.write_text(self.model_dump_json(indent=2))
+        tmp.rename(self.folder / "recommendation.json")
+
+    def ranked(self) -> list[Row]:
+        return rank(self.rows, self.spec.goal)
+
+    def deploy_command(self, goal: Goal) -> str | None:
+        chosen = self.picks.get(goal)
+        return f"llmopt deploy {self.spec.model} --config {chosen.candidate}" if chosen else None
+
+
+def start(spec: RecommendSpec) -> Recommendation:
+    """A recommendation for these arguments: the one already under way (or done) if there is one."""
+    source = sources.resolve(spec.model)
+    hardware = platform.detect()
+    run_id = f"{names.slug(source.id)[:40]}-{spec.identity()}"
+    saved = paths.home() / "recommendations" / run_id / "recommendation.json"
+    if saved.is_file():
+        previous = Recommendation.model_validate_json(saved.read_text())
+        return previous.model_copy(update={"spec": spec, "finished_at": None})
+    plan = _plan(spec)
+    found, excluded = candidate_recipes.build(source, hardware, spec.concurrency, list(spec.recipes))
+    level_seconds = max(spec.min_duration_s, 10.0)
+    return Recommendation(
+        id=run_id, spec=spec, hardware=hardware, price=pricing.for_hardware(hardware),
+        engine=" ".join(vllm.engine_name_version()), started_at=time.time(), excluded=excluded,
+        candidates=[Candidate(name=c["name"], recipe={k: v for k, v in c.items() if k != "name"},
+                              estimate_s=candidate_recipes.estimate_seconds(c, source, hardware, len(plan.concurrency) + 1,
+                                                                            level_seconds))
+                    for c in found],
+    )
+
+
+def fit_budget(rec: Recommendation) -> None:
+    """Drop the most expensive candidates still to run until the run fits the budget (never the
+    reference). What ran already counts by its estimate, so a resumed or repeated run drops the same
+    candidates as the first and runs nothing more."""
+    if rec.spec.budget_minutes is None:
+        return
+    for candidate in rec.candidates:
+        if candidate.status == "dropped":
+            candidate.status, candidate.reason = "pending", None
+    budget = rec.spec.budget_minutes * 60
+    pending = sorted((c for c in rec.candidates if c.status == "pending" and c.name != REFERENCE), key=lambda c: -c.estimate_s)
+    total = sum(c.estimate_s for c in rec.candidates if c.status in ("pending", "done", "failed"))
+    for candidate in pending:
+        if total <= budget:
+            break
+        candidate.status = "dropped"
+        candidate.reason = f"about {candidate.estimate_s / 60:.0f} min does not fit the {rec.spec.budget_minutes:g}-minute budget"
+        total -= candidate.estimate_s
+
+
+def run(rec: Recommendation, events: Events = lambda *a, **k: None) -> Recommendation:
+    """Every pending candidate in turn (the reference first), then the ranking; saved as it goes."""
+    plan = _plan(rec.spec)
+    rec.save()
+    for candidate in sorted(rec.candidates, key=lambda c: c.name != REFERENCE):
+        if candidate.status != "pending":
+            continue
+        events("candidate", name=candidate.name, estimate_s=candidate.estimate_s)
+        started = time.monotonic()
+        try:
+            _measure(rec, candidate, plan, events)
+            candidate.status = "done"
+        except LlmoptError as exc:
+            if candidate.name == REFERENCE:
+                raise
+            candidate.status, candidate.reason = "failed", exc.one_line()
+        candidate.seconds = round(time.monotonic() - started, 1)
+        rec.save()
+    _rank(rec)
+    rec.finished_at = time.time()
+    rec.save()
+    configs.save(rec.spec.model, deployment_configs(rec))
+    return rec
+
+
+def _plan(spec: RecommendSpec) -> Plan:
+    return Plan(dataset=spec.dataset, concurrency=spec.concurrency, requests=spec.requests, min_duration_s=spec.min_duration_s)
+
+
+def _measure(rec: Recommendation, candidate: Candidate, plan: Plan, events: Events) -> None:
+    """The candidate's job, then one deployment of its artifact loaded at every level on equal work
+    (the reference first runs its natural outputs once, at the lowest level, to set the lengths)."""
+    earlier = store.load(candidate.job) if candidate.job else None  # a resumed run waits for the job it started
+    if earlier is None or (earlier.status == store.FAILED and earlier.pid is not None and "died" in (earlier.failure_reason or "")):
+        job = runner.create(rec.spec.model, parse({"name": names.slug(candidate.name)[:30], **candidate.recipe}),
+                            name=f"rec-{names.slug(candidate.name)[:40]}-{secrets.token_hex(3)}")
+        candidate.job = job.name
+        rec.save()
+    record = runner.Job(candidate.job).wait().record
+    if record.status != store.COMPLETED:
+        raise LlmoptError(f"its job ended {record.status}: {record.failure_reason}", f"see `llmopt jobs logs {job.name}`")
+    candidate.artifact = record.artifact
+    manifest = artifact.load(Path(record.artifact or ""))
+    price = rec.price
+    target = benchmark.deploy_target(record.artifact or "", events)
+    try:
+        counter = TokenCounter.from_path(target.result.tokenizer or "")
+        work = plan.workload(counter)
+        if not rec.lengths:
+            first = plan.model_copy(update={"concurrency": plan.concurrency[:1]})
+            natural = levels.run(target.result.url, target.result.served_name, work, counter, first, price, target.headers,
+                                 f"{candidate.name} (natural)", events)
+            rec.lengths = levels.output_lengths(natural)
+        found = levels.run(target.result.url, target.result.served_name, work.with_lengths(rec.lengths), counter, plan, price,
+                           target.headers, candidate.name, events)
+    finally:
+        target.deployed.stop()  # type: ignore[union-attr]
+    aborted = next((level.aborted for level in found if level.aborted), None)
+    if aborted:
+        raise LlmoptError(f"its load test ended early: {aborted}", "see the endpoint's log")
+    result = target.result.model_copy(update={"equal_work": found})
+    (rec.folder / "candidates").mkdir(parents=True, exist_ok=True)
+    (rec.folder / "candidates" / f"{candidate.name}.json").write_text(result.model_dump_json(indent=2))
+    metrics = manifest.metrics
+    agreement = metrics.greedy_agreement.token_agreement if metrics.greedy_agreement else None
+    rec.rows = [r for r in rec.rows if r.candidate != candidate.name] + [
+        Row.of(candidate.name, level, metrics.perplexity_increase, agreement) for level in found]
+
+
+def _rank(rec: Recommendation) -> None:
+    mark(rec.rows, list(rec.spec.slos), rec.spec.max_quality_loss)
+    rec.picks = {goal: pick(rec.rows, goal) for goal in GOALS}
+    rec.pareto_throughput = pareto(rec.rows, "total_tokens_per_s", "tokens_per_s_per_user")
+    rec.pareto_price = pareto(rec.rows, "latency_p90_ms", "blended_per_million", higher_x=False, higher_y=False)
+
+
+def deployment_configs(rec: Recommendation) -> list[configs.DeploymentConfig]:
+    """Each measured candidate as a deployment configuration, with the goals it won."""
+    found = []
+    for candidate in rec.candidates:
+        rows = [r for r in rec.rows if r.candidate == candidate.name]
+        if candidate.status != "done" or not rows:
+            continue
+        found.append(configs.DeploymentConfig(
+            name=candidate.name, model=rec.spec.model, recipe=candidate.recipe, hardware=rec.hardware,
+            price_profile=rec.price.name, picks=[g for g, r in rec.picks.items() if r is not None and r.candidate == candidate.name],
+            rows=[configs.ConfigRow(concurrency=r.concurrency, ttft_p50_ms=r.ttft_p50_ms, tpot_p50_ms=r.tpot_p50_ms,
+                                    tokens_per_s_per_user=r.tokens_per_s_per_user, total_tokens_per_s=r.total_tokens_per_s,
+                                    price_per_hour=rec.price.effective_price_per_hour,
+                                    blended_per_million=r.blended_per_million, perplexity_increase=r.perplexity_increase,
+                                    greedy_agreement=r.greedy_agreement) for r in rows],
+            engine=rec.engine, llmopt=md.version("llmopt"), measured_at=rec.finished_at or time.time(),
+            dataset=rec.spec.dataset, source="measured", recommendation=rec.id))
+    return found

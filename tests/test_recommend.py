@@ -1,0 +1,176 @@
+"""Recommendations and deployment configurations: candidates from the matrix for this machine,
+ranked on equal work, resumed after a kill, kept as configurations that deploy."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import llmopt
+from llmopt import client, recipe, sources
+from llmopt.engine import platform
+from llmopt.errors import LlmoptError
+from llmopt.recommend import candidates, configs, ranking, search
+
+from conftest import assert_one_line_error, run_cli
+
+
+def _spec(smol: sources.Model, **changes: object) -> search.RecommendSpec:
+    return search.RecommendSpec(model=smol.id, goal="latency", concurrency=(1, 2), requests=4, min_duration_s=0, **changes)
+
+
+def test_a_budget_counts_what_already_ran(smol: sources.Model) -> None:
+    """A resumed or repeated run drops what the first dropped, whatever is done by then."""
+    rec = search.start(_spec(smol, budget_minutes=1))
+    for c, minutes in zip(rec.candidates, (0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.05)):
+        c.estimate_s = minutes * 60
+    search.fit_budget(rec)
+    first = [c.name for c in rec.candidates if c.status == "pending"]
+    assert first[0] == "bf16" and sum(c.estimate_s for c in rec.candidates if c.status == "pending") <= 60
+    for c in rec.candidates:
+        c.status = "done" if c.status == "pending" else c.status
+    search.fit_budget(rec)
+    assert [c.name for c in rec.candidates if c.status == "done"] == first
+    assert not [c for c in rec.candidates if c.status == "pending"], "nothing more runs once the budget is spent"
+
+
+def test_candidates_follow_the_matrix_on_this_processor(smol: sources.Model) -> None:
+    amd = platform.Hardware(device="cpu", cpu_model="AMD EPYC", cores=2, memory_gib=24, cpu_flags=("avx512f", "avx512_vnni"), gpu=None)
+    intel = amd.model_copy(update={"cpu_model": "Intel Xeon", "cpu_flags": ("avx512f", "amx_bf16", "amx_int8", "amx_tile")})
+    on_amd, left_out = candidates.build(smol, amd, (1, 8), [])
+    names_amd = [c["name"] for c in on_amd]
+    assert names_amd[0] == "bf16" and "smoothquant" in names_amd and "ngram" in names_amd and "smoothquant-ngram" in names_amd
+    assert "awq" not in names_amd and "fp8" not in names_amd  # slow and refused there, with the reasons
+    assert {e.technique for e in left_out} >= {"quantization.awq", "quantization.fp8.block"}
+    assert all(c["speculative"]["disable_above_batch"] == "never" for c in on_amd if "speculative" in c)
+    on_intel = [c["name"] for c in candidates.build(smol, intel, (1, 8), [])[0]]
+    assert {"awq", "fp8"} <= set(on_intel) and len(on_intel) >= 6
+    for c in on_amd + candidates.build(smol, intel, (1, 8), [])[0]:
+        assert recipe.parse(c).name == c["name"]  # every candidate is a valid recipe
+
+
+def test_slos_rank_and_pareto() -> None:
+    def row(name: str, c: int, per_user: float, total: float, ttft: float, price: float) -> ranking.Row:
+        return ranking.Row(candidate=name, concurrency=c, tokens_per_s_per_user=per_user, total_tokens_per_s=total, requests_per_s=1,
+                           ttft_p50_ms=ttft, ttft_p90_ms=ttft * 1.5, tpot_p50_ms=1000 / per_user, tpot_p90_ms=1100 / per_user,
+                           latency_p90_ms=ttft + 30_000 / per_user, blended_per_million=price, perplexity_increase=0.01,
+                           greedy_agreement=1.0, accuracy=None, acceptance_rate=None)
+
+    rows = [row("a", 1, 80, 80, 900, 3.0), row("b", 1, 60, 60, 200, 4.0), row("b", 8, 20, 160, 400, 1.5), row("c", 8, 10, 90, 300, 2.7)]
+    ranking.mark(rows, [ranking.SLO.parse("ttft_p90_ms=1000")], None)
+    assert [r.misses for r in rows][0] == ["ttft_p90_ms <= 1000"]
+    assert ranking.pick(rows, "latency").candidate == "b"  # a is faster per user but misses its TTFT target
+    assert ranking.rank(rows, "latency")[-1].candidate == "a"  # shown, marked, last
+    assert (ranking.pick(rows, "throughput").candidate, ranking.pick(rows, "throughput").concurrency) == ("b", 8)
+    assert {(r.candidate, r.concurrency) for r in ranking.pareto(rows, "total_tokens_per_s", "tokens_per_s_per_user")} == {
+        ("a", 1), ("b", 8)}
+    with pytest.raises(LlmoptError, match="bad service-level target 'ttft=3'"):
+        ranking.SLO.parse("ttft=3")
+
+
+@pytest.mark.engine
+def test_recommend_end_to_end_resumed_after_a_kill(smol: sources.Model, baseline: llmopt.Job, tmp_path: Path) -> None:
+    """A small budget (the reference and the cheapest other candidate), two levels; killed after the
+    first candidate, then run again: what was done is not redone, and the pick deploys."""
+    started = search.start(_spec(smol))
+    by_cost = sorted((c for c in started.candidates if c.name != "bf16"), key=lambda c: c.estimate_s)
+    budget = (next(c for c in started.candidates if c.name == "bf16").estimate_s + by_cost[0].estimate_s) / 60 + 0.01
+    args = ["recommend", smol.id, "--goal", "latency", "--concurrency", "1,2", "--requests", "4", "--min-duration", "0",
+            "--budget-minutes", f"{budget:.3f}", "--output", str(tmp_path / "first")]
+    cli = subprocess.Popen([sys.executable, "-c", "from llmopt.cli import main; main()", *args],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    state = started.folder / "recommendation.json"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        saved = search.Recommendation.model_validate_json(state.read_text()) if state.exists() else None
+        if saved and any(c.status == "done" for c in saved.candidates):
+            break
+        time.sleep(1)
+    cli.send_signal(signal.SIGKILL)
+    cli.wait()
+    killed = search.Recommendation.model_validate_json(state.read_text())
+    done_first = [c.name for c in killed.candidates if c.status == "done"]
+    assert done_first == ["bf16"]
+    jobs_before = {j.name for j in llmopt.list_jobs()}
+
+    resumed = run_cli(*args[:-1], str(tmp_path / "again"), timeout=1800)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rec = search.Recommendation.model_validate_json(state.read_text())
+    assert [c.name for c in rec.candidates if c.status == "done"] == ["bf16", by_cost[0].name]
+    assert all(c.status == "dropped" and "budget" in c.reason for c in rec.candidates if c.name not in ("bf16", by_cost[0].name))
+    new_jobs = {j.name for j in llmopt.list_jobs()} - jobs_before
+    assert not any(j.startswith("rec-bf16") for j in new_jobs), "the reference was measured again"
+    assert {(r.candidate, r.concurrency) for r in rec.rows} == {(n, c) for n in ("bf16", by_cost[0].name) for c in (1, 2)}
+    pick = rec.picks["latency"]
+    assert pick is not None and rec.pareto_throughput and rec.pareto_price
+    assert f"pick for latency: {pick.candidate}" in " ".join(resumed.stdout.split())
+    html = (tmp_path / "again" / "report.html").read_text()
+    assert html.count("<circle") == 2 * len(rec.rows) and 'class="front"' in html
+    # the pick is a measured deployment configuration now, and deploys
+    picked = next(c for c in llmopt.list_configs(smol.id) if c.name == pick.candidate)  # the one `--config` deploys
+    assert picked.source == "measured" and "latency" in picked.picks, "a measured configuration comes before a shipped one"
+    assert {row.concurrency for row in picked.rows} == {1, 2}
+    with llmopt.deploy_config(smol.id, pick.candidate, name="picked") as endpoint:
+        assert client.chat(endpoint.url, endpoint.served_name, "Say hi.", max_tokens=4).completion_tokens > 0
+    again = run_cli(*args[:-1], str(tmp_path / "third"), timeout=300)
+    assert again.returncode == 0 and "candidate " not in again.stderr, "a finished run is not run again"
+
+
+def test_configs_list_and_refusals(smol: sources.Model, tmp_path: Path) -> None:
+    listed = run_cli("configs", "list", smol.id)
+    assert listed.returncode == 0
+    shipped = [c for c in configs.for_model(smol.id) if c.source == "shipped"]
+    assert shipped, "shipped configurations for the default model come with llmopt (benchmarks/recommend.py)"
+    assert all(c.name in listed.stdout for c in shipped)
+    as_json = json.loads(run_cli("configs", "list", smol.id, "--json").stdout)
+    assert {c["name"] for c in as_json} >= {c.name for c in shipped}
+    assert_one_line_error(run_cli("deploy", smol.id, "--config", "nope"), "no deployment configuration 'nope'")
+    assert_one_line_error(run_cli("recommend", smol.id, "--slo", "speed=9"), "bad service-level target")
+    assert_one_line_error(run_cli("recommend", smol.id, "--goal", "fastest"), "goal")
+    assert_one_line_error(run_cli("recommend", smol.id, "--dataset", str(tmp_path / "none.jsonl")), "unknown dataset")
+
+
+@pytest.mark.engine
+def test_deploy_a_shipped_configuration(smol: sources.Model) -> None:
+    shipped = next(c for c in configs.for_model(smol.id) if c.source == "shipped" and "latency" in c.picks)
+    deployed = run_cli("deploy", smol.id, "--config", shipped.name, "--name", "shipped-config")
+    assert deployed.returncode == 0, deployed.stderr[-2000:]
+    if not shipped.same_machine(platform.detect()):
+        assert "was measured on" in deployed.stderr and "llmopt recommend" in deployed.stderr
+    try:
+        endpoint = llmopt.get_endpoint("shipped-config")
+        assert endpoint.status == "READY"
+        assert client.chat(endpoint.url, endpoint.served_name, "Say hi.", max_tokens=4).completion_tokens > 0
+    finally:
+        llmopt.stop_endpoint("shipped-config")
+
+
+def test_a_temporary_endpoint_goes_with_its_deployer(tmp_path: Path) -> None:
+    """What an evaluation or a recommendation deploys for itself is stopped when its process dies."""
+    from llmopt import endpoints, procs
+    from llmopt.engine.config import EngineConfig
+
+    sleeper = subprocess.Popen(["setsid", "sleep", "60"])
+    deployer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        record = endpoints.Endpoint(name="temp-ep", model="m", model_path="/m", served_name="m", host="127.0.0.1", port=1,
+                                    log_path="/dev/null", engine=EngineConfig(), started_at=time.time(), status="READY",
+                                    pid=sleeper.pid, pid_create_time=procs.create_time(sleeper.pid), temporary=True,
+                                    deployer_pid=deployer.pid, deployer_create_time=procs.create_time(deployer.pid))
+        endpoints.ENDPOINTS.insert(record)
+        assert llmopt.get_endpoint("temp-ep").status == "READY"
+        deployer.kill()
+        deployer.wait()
+        gone = llmopt.get_endpoint("temp-ep")
+        assert gone.status == "FAILED" and "the run it was deployed for ended" in gone.failure_reason
+        sleeper.wait(timeout=30)
+    finally:
+        for p in (sleeper, deployer):
+            p.kill()
+        endpoints.ENDPOINTS.delete("temp-ep")
