@@ -1,7 +1,7 @@
 """The studio end to end in a real browser on the real engine, as a user would go: a baseline job
 for the default model from the form, watched live to COMPLETED; its artifact deployed and asked a
 question in the chat playground, the answer streamed; two evaluations at two levels from the form,
-their charts drawn; the comparison opened. Screenshots of each page land in tests/screenshots."""
+their charts drawn; the comparison opened. Screenshots of each page land in tests/screenshots (the README's are copies in docs/screenshots)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ def test_optimize_deploy_chat_evaluate_and_compare_in_the_browser(smol: sources.
             page.wait_for_selector("#status .badge.ready", timeout=10 * MINUTES)
             page.fill("#chat-form textarea", "Answer in one sentence: what is the capital city of France?")
             page.fill("#chat-form input[name=max_tokens]", "24")
+            page.fill("#chat-form input[name=temperature]", "0")  # greedy: the answer does not hinge on sampling
             page.click("#chat-form button.primary")
             page.wait_for_selector(".message.assistant:has-text('Paris')", timeout=2 * MINUTES)
             page.wait_for_selector("#chat-stats:has-text('tokens')")
