@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel, Field
 
-from llmopt import names, paths, procs, records
+from llmopt import model_check, names, paths, procs, records
 from llmopt.engine import compile_cache, platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
@@ -114,13 +114,15 @@ def launch(
     """Claim the name, start a server, wait until it answers and `verify` has proven what its settings
     promise; on any failure the server is stopped and the record says why.
 
-    Bad input is refused before anything is recorded or started (`check_request`)."""
+    Bad input is refused before anything is recorded or started: `check_request` first, then what
+    takes longer to know (the port free, vLLM's attention on this device taking the model's head size)."""
     check_request(name, host, port, api_key, insecure, timeout_s)
     if port is None:
         port = vllm.free_port(host)
     else:
         vllm.check_port_free(host, port)
     hw = platform.detect()
+    model_check.attends_here(Path(model_path), hw)
     log_path = paths.logs_dir() / f"endpoint-{name}.log"
     has_chat = chat or chat_template is not None
     env = {**vllm.environment(engine, hw), **vllm.chat_env(has_chat)}

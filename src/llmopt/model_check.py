@@ -12,6 +12,7 @@ here with a clear error, not later as an engine that answers nonsense.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -25,8 +26,9 @@ MAX_TOKENS = 256  # of held-out text: enough to tell the rules apart, seconds ev
 MARGIN = 0.9  # the opposite rule must beat the tokenizer's by more than 10% to count as preferred
 
 
-def attends_here(config: dict, hardware: Hardware) -> None:
+def attends_here(folder: Path, hardware: Hardware) -> None:
     """vLLM's attention on this device takes the model's head size (checked before an engine starts)."""
+    config = json.loads((folder / "config.json").read_text())
     sizes = vllm.attention_head_sizes(hardware)
     heads = config.get("num_attention_heads") or config.get("n_head")
     hidden = config.get("hidden_size") or config.get("n_embd")

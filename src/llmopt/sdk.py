@@ -304,8 +304,6 @@ def export_deployment(artifact_dir: str | Path, fmt: exports.Format, output: str
     """Write an artifact's deployment for Ray Serve, KServe, Kubernetes or Docker Compose into the
     folder `output`, for the machine described (unset resources: derived from the manifest), so a
     cluster serves it with the engine settings llmopt verified. Returns the files written."""
-    if not artifact.is_artifact(Path(artifact_dir)):
-        raise LlmoptError(f"'{artifact_dir}' is not an llmopt artifact (no {artifact.MANIFEST})", "pass an artifact folder")
     return exports.export(artifact_dir, fmt, output, replicas, cpus, memory_gib, gpus, image, model_uri)
 
 

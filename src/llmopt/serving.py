@@ -4,15 +4,14 @@ called ready, everything its settings promise."""
 
 from __future__ import annotations
 
-import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmopt import artifact, chat_templates, endpoints, model_check, names, sources, techniques
+from llmopt import artifact, chat_templates, endpoints, names, sources, techniques
 from llmopt.endpoints import Endpoint
-from llmopt.engine import platform, vllm
+from llmopt.engine import vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.techniques.base import Running
@@ -61,8 +60,6 @@ def deploy(
     A model with no chat template of its own takes `chat_template` (a file); without one, chat
     requests are answered with what to do."""
     name = name or f"{names.slug(spec.served_name, 'endpoint')[:55]}-{secrets.token_hex(3)}"
-    endpoints.check_request(name, host, port, api_key, insecure, timeout_s)
-    model_check.attends_here(json.loads((Path(spec.model_path) / "config.json").read_text()), platform.detect())
     template = str(Path(chat_template).expanduser().resolve()) if chat_template else None
     if template is not None:
         chat_templates.read(Path(template))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import secrets
 import tempfile
 import time
@@ -77,7 +76,7 @@ def create(model: str, recipe: Any, name: str | None = None, output: str | Path 
     runs_on = executors.choose(executor, ray_address)
     source = sources.resolve(model)
     hardware = platform.detect()
-    model_check.attends_here(json.loads((Path(source.path) / "config.json").read_text()), hardware)
+    model_check.attends_here(Path(source.path), hardware)
     verdict = techniques.check(recipe, source, hardware)
     verdict.raise_if_refused()
     key = pipeline.artifact_key(source, recipe, hardware)
