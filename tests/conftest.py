@@ -27,8 +27,8 @@ from llmopt import catalog, sources  # noqa: E402
 from llmopt.engine import vllm  # noqa: E402
 from llmopt.engine.config import EngineConfig  # noqa: E402
 from llmopt.jobs import store  # noqa: E402
-from llmopt.jobs.executors import local as local_executor  # noqa: E402
-from llmopt.jobs.executors import ray as ray_executor  # noqa: E402
+from llmopt.executors import local as local_executor  # noqa: E402
+from llmopt.executors import ray as ray_executor  # noqa: E402
 
 SMALL_ENGINE = EngineConfig(max_model_len=2048, kv_cache_gib=1)
 

@@ -22,11 +22,13 @@ import psutil
 import pytest
 
 import llmopt
-from llmopt import Recipe, SmoothQuant, artifact, paths, sources
+from llmopt import Recipe, SmoothQuant, artifact, client, locations, paths, sources
 from llmopt.engine import platform, vllm
+from llmopt.evaluation import runs
 from llmopt.errors import LlmoptError
-from llmopt.jobs import executors, pipeline, store
-from llmopt.jobs.executors import ray as ray_executor
+from llmopt import executors
+from llmopt.jobs import pipeline, store
+from llmopt.executors import ray as ray_executor
 
 from conftest import assert_one_line_error, run_cli, wait_for_step
 
@@ -82,6 +84,9 @@ def no_running_ray_records_left() -> Iterator[None]:
     for record in store.JOBS.select("executor = ?", ("ray",)):
         if record.status in store.ACTIVE:
             store.JOBS.delete(record.name)
+    for evaluation in runs.EVALUATIONS.select("executor = ?", ("ray",)):
+        if evaluation.status in runs.ACTIVE:
+            runs.EVALUATIONS.delete(evaluation.name)
 
 
 @pytest.fixture
@@ -257,6 +262,30 @@ def test_a_ray_job_killed_before_it_records_its_stop_ends_stopped(fake_ray: Fake
     assert stopped.status == store.STOPPED and stopped.failure_reason is None and not record.workdir.exists()
 
 
+def test_an_evaluation_runs_its_worker_as_a_ray_job_and_its_record_follows_ray(fake_ray: FakeRay) -> None:
+    record = llmopt.evaluate(model="smollm2-135m-instruct", concurrency=[1], requests=4, quality=False, name="ray-eval",
+                             background=True, executor="ray", ray_address="127.0.0.1:9/")
+    sid = ray_executor.submission_id("ray-eval", "evaluation")
+    assert (record.executor, record.ray_address, record.ray_submission_id, record.pid) == ("ray", ADDRESS, sid, None)
+    assert sid != ray_executor.submission_id("ray-eval")  # a job of the same name does not collide with it
+    [submitted] = fake_ray.submitted
+    worker, cleanup = submitted["entrypoint"].split(";", 1)
+    assert shlex.split(worker) == [sys.executable, "-m", "llmopt.evaluation.worker", "ray-eval", "<", "/dev/null", ">>",
+                                   record.log_path, "2>&1"] and "kill -KILL 0" in cleanup
+    assert submitted["metadata"] == {"llmopt_evaluation": "ray-eval"}
+    assert submitted["entrypoint_num_cpus"] == platform.detect().cores
+    fake_ray.statuses[sid] = "RUNNING"
+    fake_ray.on_stop = lambda sid: runs.EVALUATIONS.update("ray-eval", status=runs.STOPPED, ended_at=time.time())
+    assert llmopt.stop_evaluation("ray-eval").status == runs.STOPPED and fake_ray.stopped == [sid]
+    # a worker that died before recording its end: Ray's FAILED becomes the record's, naming the Ray job
+    llmopt.evaluate(model="smollm2-135m-instruct", concurrency=[1], requests=4, quality=False, name="ray-eval-dies",
+                    background=True, executor="ray", ray_address="127.0.0.1:9/")
+    dying = ray_executor.submission_id("ray-eval-dies", "evaluation")
+    fake_ray.statuses[dying], fake_ray.messages[dying] = "FAILED", "Job entrypoint command failed with exit code 1"
+    died = llmopt.get_evaluation("ray-eval-dies")
+    assert died.status == runs.FAILED and dying in (died.failure_reason or "") and "exit code 1" in (died.failure_reason or "")
+
+
 def test_a_local_job_never_asks_ray(fake_ray: FakeRay, tmp_path: Path) -> None:
     store.JOBS.insert(store.JobRecord(name="local-dead", source="x", recipe={}, status=store.INPROGRESS, log_path="/dev/null",
                                       output_dir=None, pid=2**22 + 7, pid_create_time=1.0, created_at=time.time()))
@@ -384,20 +413,46 @@ def _worker(name: str) -> psutil.Process:
 
 
 @pytest.mark.engine
-def test_a_ray_job_builds_what_a_local_job_builds(ray_head: str, baseline: llmopt.Job, smol: sources.Model) -> None:
-    job = llmopt.optimize(smol.id, "baseline", name="ray-baseline", force=True, wait=False, executor="ray", ray_address=ray_head)
+def test_a_ray_job_builds_what_a_local_job_builds(ray_head: str, baseline: llmopt.Job, smol: sources.Model,
+                                                  tmp_path: Path) -> None:
+    """Built through Ray into a URI every node could read (a `file://` one here), then deployed from
+    that URI: fetched into a local copy, checked, and served."""
+    uri = f"file://{tmp_path}/shared/ray-baseline"
+    job = llmopt.optimize(smol.id, "baseline", name="ray-baseline", output=uri, force=True, wait=False, executor="ray",
+                          ray_address=ray_head)
     assert job.wait(timeout_s=1800).status == store.COMPLETED, job.record.failure_reason
     record, local = job.record, baseline.record
     assert (record.executor, record.ray_address, record.pid) == ("ray", ray_head, None)
-    assert record.artifact_key == local.artifact_key and list(record.progress) == list(local.progress)
+    assert record.artifact_key == local.artifact_key and list(record.progress) == [*local.progress, "publish"]
     assert all(step.status == "done" for step in record.progress.values())
-    manifest = artifact.verify(job.artifact)
+    assert job.artifact == record.artifact == uri and not record.built_dir.exists()
+    manifest = artifact.verify(locations.fetch(uri))
     assert manifest.key == local.artifact_key and [s.name for s in manifest.steps] == ["weights", "measure"]
+    assert manifest.content_hash == artifact.load(baseline.artifact).content_hash  # the same weights, bit for bit
+    with llmopt.deploy(uri, name="from-uri") as endpoint:
+        assert endpoint.served_name == "ray-baseline" and Path(endpoint.model_path).parent == locations.copies_dir()
+        answer = client.chat(endpoint.url, endpoint.served_name, "Answer in one sentence: what is the capital city of France?",
+                             max_tokens=24, headers=endpoint.headers)
+        assert "Paris" in answer.text, answer.text
     assert _ray_status(ray_head, record.ray_submission_id) == "SUCCEEDED"  # the worker has exited: its log is whole
     logs = run_cli("jobs", "logs", "ray-baseline").stdout
     assert "step weights: start" in logs and "perplexity" in logs and logs == Path(record.log_path).read_text()
     described = json.loads(run_cli("jobs", "describe", "ray-baseline").stdout)
     assert described["status"] == "COMPLETED" and described["ray_submission_id"] == record.ray_submission_id
+
+
+@pytest.mark.engine
+def test_an_evaluation_through_ray_measures_and_records_as_a_local_one(ray_head: str, baseline: llmopt.Job) -> None:
+    results = llmopt.evaluate(model=str(baseline.artifact), concurrency=[1], requests=4, min_duration_s=0, quality=False,
+                              name="ray-evaluation", executor="ray", ray_address=ray_head)
+    record = llmopt.get_evaluation("ray-evaluation")
+    assert (record.status, record.executor, record.pid) == (runs.COMPLETED, "ray", None)
+    assert _ray_status(ray_head, record.ray_submission_id) == "SUCCEEDED"
+    (level,) = results.targets[0].levels
+    assert level.invocations >= 4 and level.invocation_errors == 0 and level.output_tokens_per_s > 0
+    assert results == llmopt.evaluation_results("ray-evaluation")
+    described = json.loads(run_cli("evaluations", "describe", "ray-evaluation").stdout)
+    assert described["executor"] == "ray" and described["status"] == runs.COMPLETED
 
 
 @pytest.mark.engine

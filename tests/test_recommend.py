@@ -113,10 +113,10 @@ def test_recommend_end_to_end_resumed_after_a_kill(smol: sources.Model, baseline
     html = (tmp_path / "again" / "report.html").read_text()
     assert html.count("<circle") == 2 * len(rec.rows) and 'class="front"' in html
     # the pick is a measured deployment configuration now, and deploys
-    picked = next(c for c in llmopt.list_configs(smol.id) if c.name == pick.candidate)  # the one `--config` deploys
+    picked = next(c for c in llmopt.configs(smol.id) if c.name == pick.candidate)  # the one `--config` deploys
     assert picked.source == "measured" and "latency" in picked.picks, "a measured configuration comes before a shipped one"
     assert {row.concurrency for row in picked.rows} == {1, 2}
-    with llmopt.deploy_config(smol.id, pick.candidate, name="picked") as endpoint:
+    with llmopt.deploy(smol.id, name="picked", config=pick.candidate) as endpoint:
         assert client.chat(endpoint.url, endpoint.served_name, "Say hi.", max_tokens=4).completion_tokens > 0
     again = run_cli(*args[:-1], str(tmp_path / "third"), timeout=300)
     assert again.returncode == 0 and "candidate " not in again.stderr, "a finished run is not run again"

@@ -291,12 +291,12 @@ def test_deploying_a_configuration_hands_the_sdk_the_model_and_the_configuration
         client: TestClient, tiny: llmopt.Model, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
     shipped = type("Config", (), {"name": "fast"})()
-    monkeypatch.setattr(sdk, "list_configs", lambda model: [shipped])
-    monkeypatch.setattr(sdk, "deploy_config", lambda *a, **k: calls.append((a, k)) or _fake_endpoint(k["name"]))
+    monkeypatch.setattr(sdk, "configs", lambda model: [shipped])
+    monkeypatch.setattr(sdk, "deploy", lambda *a, **k: calls.append((a, k)) or _fake_endpoint(k["name"]))
     answer = client.post("/api/models/tiny/configs/fast/deploy", json={"name": "fast-ep"})
     assert answer.status_code == 202 and answer.json()["endpoint"] == "fast-ep"
     _wait_for_task(client, answer.json()["task"]["id"])
-    assert calls == [(("tiny", "fast"), {"name": "fast-ep", "api_key": None})]
+    assert calls == [(("tiny",), {"name": "fast-ep", "api_key": None, "config": "fast"})]
 
 
 # -- recipes and the builder --------------------------------------------------------------------

@@ -115,9 +115,18 @@ def load(path: Path) -> Manifest:
     try:
         if manifest_file.stat().st_size > MAX_MANIFEST_BYTES:
             raise LlmoptError(f"'{manifest_file}' is larger than a manifest can be", "rebuild the artifact")
-        data = json.loads(manifest_file.read_bytes().decode("utf-8"))
+        text = manifest_file.read_bytes()
     except FileNotFoundError as exc:
         raise LlmoptError(f"'{path}' is not an llmopt artifact (no {MANIFEST})", "pass an artifact folder") from exc
+    return parse(text, str(manifest_file))
+
+
+def parse(text: bytes, manifest_file: str) -> Manifest:
+    """A manifest's bytes, read from `manifest_file` (a path or a URI), checked against this llmopt's schema."""
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise LlmoptError(f"'{manifest_file}' is larger than a manifest can be", "rebuild the artifact")
+    try:
+        data = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise LlmoptError(f"'{manifest_file}' is corrupt ({type(exc).__name__})", "rebuild the artifact with `llmopt optimize --force`") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
@@ -147,7 +156,7 @@ def finalize(workdir: Path, final: Path, manifest: Manifest) -> Path:
     if final.exists():
         raise LlmoptError(f"artifact folder '{final}' already exists", "pass another --output or --name")
     workdir.rename(final)
-    _freeze(final)
+    freeze(final)
     return final
 
 
@@ -168,7 +177,7 @@ def schema() -> dict[str, Any]:
     return Manifest.model_json_schema()
 
 
-def _freeze(root: Path) -> None:
+def freeze(root: Path) -> None:
     """Files readable by their owner alone and by nobody writable; folders the owner's alone."""
     for dirpath, _dirs, files in os.walk(root):
         Path(dirpath).chmod(stat.S_IRWXU)

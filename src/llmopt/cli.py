@@ -142,7 +142,7 @@ def models_remove(model_id: str) -> None:
 
 @app.command()
 def deploy(
-    model: str = typer.Argument(..., help="Artifact folder, model id, catalogue id, HF folder or .gguf file."),
+    model: str = typer.Argument(..., help="Artifact folder or URI, model id, catalogue id, HF folder or .gguf file."),
     name: Optional[str] = typer.Option(None, help="Endpoint name (default: generated)."),
     port: Optional[int] = typer.Option(None, help="Port (default: a free one)."),
     host: str = typer.Option(sdk.DEFAULT_HOST, help="Address to bind."),
@@ -159,19 +159,15 @@ def deploy(
     """Start an endpoint and return once it is ready; it keeps serving after this command exits."""
     overrides = {k: v for k, v in {"max_model_len": max_model_len, "kv_cache_gib": kv_cache_gib}.items() if v is not None}
     engine = sdk.engine_config(**overrides) if overrides else None
+    doing = f"starting vLLM for {model}"
     if config is not None:
-        if engine is not None or trust_remote_code:
-            raise sdk.LlmoptError("a deployment configuration carries its own settings", "deploy it without engine flags")
-        chosen = next((c for c in sdk.list_configs(model) if c.name == config), None)
+        chosen = next((c for c in sdk.configs(model) if c.name == config), None)
         warning = sdk.config_warning(chosen) if chosen else None
         _warn([warning] if warning else [])
-        with _working(f"building (or reusing) and starting configuration {config} of {model}"):
-            endpoint = sdk.deploy_config(model, config, name=name, port=port, host=host, timeout_s=timeout, api_key=api_key,
-                                         insecure=insecure)
-    else:
-        with _working(f"starting vLLM for {model}"):
-            endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
-                                  insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template)
+        doing = f"building (or reusing) and starting configuration {config} of {model}"
+    with _working(doing):
+        endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
+                              insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template, config=config)
     console.print(f"endpoint [bold]{endpoint.name}[/] ready at {endpoint.url} in {endpoint.seconds_to_ready:.1f} s"
                   + (" (every route asks for the API key)" if endpoint.api_key else ""))
     if endpoint.start is not None:
@@ -225,7 +221,7 @@ def optimize(
     compile: bool = typer.Option(False, "--compile", help="Ahead-of-time compile for the recipe's shapes."),
     tensor_parallel: Optional[int] = typer.Option(None, help="Tensor-parallel degree."),
     name: Optional[str] = typer.Option(None, help="Job name (default: generated)."),
-    output: Optional[Path] = typer.Option(None, help="Artifact folder (default: under the llmopt home)."),
+    output: Optional[str] = typer.Option(None, help="Artifact folder (default: under the llmopt home), or an fsspec URI the cluster reads (file://, s3://...)."),
     force: bool = typer.Option(False, help="Rebuild even if an artifact with the same key exists."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job and exit non-zero unless it completes."),
     executor: str = typer.Option("local", help=f"Where the job's worker runs: {' | '.join(sdk.JOB_EXECUTORS)} (a background process here, or a Ray job)."),
@@ -233,7 +229,7 @@ def optimize(
 ) -> None:
     """Run a recipe on a model in a background job that writes an optimized artifact."""
     chosen = sdk.recipe_from_flags(sdk.load_recipe(recipe), quantize, kv_cache, speculative, compile, tensor_parallel)
-    job = sdk.optimize(model, chosen, name=name, output=str(output) if output else None, force=force, wait=False,
+    job = sdk.optimize(model, chosen, name=name, output=output, force=force, wait=False,
                        executor=executor, ray_address=ray_address)
     _warn(job.warnings)
     if job.reused_from:
@@ -394,7 +390,7 @@ def cache_prune(
 @configs_app.command("list")
 def configs_list(model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id or catalogue id."), as_json: bool = JSON) -> None:
     """A model's deployment configurations and their benchmark rows: measured here first, then shipped."""
-    found = sdk.list_configs(model)
+    found = sdk.configs(model)
     if as_json:
         return _json(found)
     rows = []
@@ -509,15 +505,17 @@ def evaluate(
                                           help="Key for a --url server that asks for one."),
     name: Optional[str] = typer.Option(None, help="Name of the evaluation's record (default: generated)."),
     background: bool = typer.Option(False, "--background", help="Run in a worker process; follow it with `llmopt evaluations`."),
+    executor: str = typer.Option("local", help=f"Where a background run's worker runs: {' | '.join(sdk.JOB_EXECUTORS)} (ray implies --background)."),
+    ray_address: Optional[str] = typer.Option(None, help="The Ray dashboard's address for --executor ray (default http://127.0.0.1:8265)."),
 ) -> None:
     """Load-test at several concurrency levels and report latency, throughput, price and quality."""
-    if background:
+    if background or executor != "local":
         record = sdk.evaluate(endpoint=endpoint, url=url, model=model, compare=compare, dataset=dataset,
                               concurrency=_levels(concurrency), requests=requests, duration_s=duration,
                               min_duration_s=min_duration, hardware=hardware, price_per_hour=price_per_hour,
                               discount=discount, hardware_file=hardware_file, quality=quality, tokenizer=tokenizer,
                               ttft_target_ms=ttft_target, itl_target_ms=itl_target, timeout_s=timeout, seed=seed,
-                              api_key=api_key, name=name, background=True)
+                              api_key=api_key, name=name, background=True, executor=executor, ray_address=ray_address)
         console.print(f"evaluation [bold]{record.name}[/] started; follow it with: llmopt evaluations describe {record.name}")
         return
     with _evaluation_progress() as events:

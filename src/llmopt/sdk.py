@@ -16,7 +16,7 @@ from typing import Any, Iterator, Literal
 
 from pydantic import ValidationError
 
-from llmopt import artifact, catalog, compatibility, coverage, endpoints, exports, names, serving, sources
+from llmopt import artifact, catalog, compatibility, coverage, endpoints, exports, locations, names, serving, sources
 from llmopt import recipe as recipes
 from llmopt.endpoints import Endpoint
 from llmopt.engine import compile_cache, platform, vllm
@@ -27,12 +27,14 @@ from llmopt.evaluation import results as evaluation_results_module
 from llmopt.evaluation import workload as workloads
 from llmopt.evaluation.levels import Events, Plan
 from llmopt.evaluation.results import EvaluationResults
-from llmopt.jobs import executors, runner, store
+from llmopt import executors
+from llmopt.jobs import runner, store
 from llmopt.jobs.runner import Job
 from llmopt.jobs.store import JobRecord
 from llmopt.presentation import recommendation as recommendation_report
 from llmopt.presentation import report
-from llmopt.recommend import configs, ranking, search
+from llmopt.recommend import configs as deployment_configs
+from llmopt.recommend import ranking, search
 from llmopt.techniques import speculative
 from llmopt.sources import Model
 
@@ -45,7 +47,7 @@ JOB_EXECUTORS = executors.NAMES
 
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
-    "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warning", "demo_recipe", "deploy", "deploy_config", "list_configs",
+    "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warning", "demo_recipe", "deploy", "configs",
     "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "export_deployment", "EXPORT_FORMATS", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
@@ -154,7 +156,8 @@ def optimize(model: str, recipe: Any = "baseline", name: str | None = None, outp
     `recipe` is a Recipe, a built-in name, a file, or a dict. The same recipe on the same source
     reuses the earlier artifact unless `force` is set. `executor` is where the job's worker runs:
     "local" (a background process here) or "ray" (a Ray job on the cluster whose dashboard is at
-    `ray_address`, default http://127.0.0.1:8265, sharing this machine's filesystem).
+    `ray_address`, default http://127.0.0.1:8265). `output` is a folder, or an fsspec URI
+    (file://, s3://...) every node reads: the job publishes there, checked, and deploys fetch from it.
     """
     if isinstance(recipe, (str, Path)):
         recipe = recipes.load(recipe)
@@ -195,39 +198,44 @@ def deploy(
     insecure: bool = False,
     trust_remote_code: bool = False,
     chat_template: str | Path | None = None,
+    config: str | None = None,
 ) -> Endpoint:
     """Serve a model or an optimized artifact; returns once the endpoint answers.
 
     `model` is an artifact folder, an imported model, a catalogue id, a Hugging Face folder or a
-    GGUF file (the last three are imported on first use). With `api_key` every route asks for it
-    (`endpoint.headers` carries it); a host other than loopback needs one, or `insecure`.
+    GGUF file (the last three are imported on first use). With `config`, one of the model's
+    deployment configurations (`configs(model)`): its artifact is built, or reused by key, then
+    served. With `api_key` every route asks for it (`endpoint.headers` carries it); a host other
+    than loopback needs one, or `insecure`.
     """
     endpoints.check_request(name or "endpoint", host, port, api_key, insecure, timeout_s)  # before a first-use import
+    if config is not None:
+        if engine is not None or trust_remote_code or chat_template is not None:
+            raise LlmoptError("a deployment configuration carries its own settings",
+                              "deploy it without engine settings, remote code or a chat template")
+        model = str(_configured_artifact(model, config))
     return serving.deploy(serving.for_target(model, engine), name=name, port=port, host=host, timeout_s=timeout_s,
                           api_key=api_key, insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template)
 
 
-def deploy_config(model: str, config: str, name: str | None = None, port: int | None = None, host: str = DEFAULT_HOST,
-                  timeout_s: float = DEFAULT_READY_TIMEOUT_S, api_key: str | None = None, insecure: bool = False) -> Endpoint:
-    """Deploy a model with one of its deployment configurations: its artifact is built, or reused by
-    key, then served."""
-    endpoints.check_request(name or "endpoint", host, port, api_key, insecure, timeout_s)
+def _configured_artifact(model: str, config: str) -> Path:
+    """The artifact of a model's deployment configuration, built by an ordinary job or reused by key."""
     source = sources.resolve(model)
-    chosen = configs.get(source.id, config)
+    chosen = deployment_configs.get(source.id, config)
     job = optimize(source.id, {"name": names.slug(config)[:30], **chosen.recipe})
     if job.artifact is None:
         record = job.record
         raise LlmoptError(f"the job for configuration '{config}' ended {record.status}: {record.failure_reason}",
                           f"see `llmopt jobs logs {job.name}`")
-    return deploy(str(job.artifact), name=name, port=port, host=host, timeout_s=timeout_s, api_key=api_key, insecure=insecure)
+    return job.artifact
 
 
-def list_configs(model: str) -> list[configs.DeploymentConfig]:
+def configs(model: str) -> list[deployment_configs.DeploymentConfig]:
     """A model's deployment configurations: measured here first, then shipped."""
-    return configs.for_model(sources.resolve(model).id)
+    return deployment_configs.for_model(sources.resolve(model).id)
 
 
-def config_warning(config: configs.DeploymentConfig) -> str | None:
+def config_warning(config: deployment_configs.DeploymentConfig) -> str | None:
     """What to say when a configuration's rows were measured on another kind of machine."""
     here = platform.detect()
     if config.same_machine(here):
@@ -287,9 +295,9 @@ def endpoint_logs(name: str, follow: bool = False) -> Iterator[str]:
 
 
 def export_command(artifact_dir: str, host: str = DEFAULT_HOST, port: int = 8000) -> str:
-    """The plain vLLM command that serves an artifact without llmopt, on this machine."""
-    if not artifact.is_artifact(Path(artifact_dir)):
-        raise LlmoptError(f"'{artifact_dir}' is not an llmopt artifact (no {artifact.MANIFEST})", "pass an artifact folder")
+    """The plain vLLM command that serves an artifact (a folder, or a URI fetched here) without llmopt, on this machine."""
+    if not locations.exists(artifact_dir):
+        raise LlmoptError(f"'{artifact_dir}' is not an llmopt artifact (no {artifact.MANIFEST})", "pass an artifact folder or URI")
     spec = serving.for_target(artifact_dir)
     argv = vllm.server_argv(spec.model_path, spec.engine, spec.served_name, host, port)
     return vllm.shell_command(argv, vllm.environment(spec.engine, platform.detect()))
@@ -303,7 +311,11 @@ def export_deployment(artifact_dir: str | Path, fmt: exports.Format, output: str
                       image: str | None = None, model_uri: str | None = None) -> list[Path]:
     """Write an artifact's deployment for Ray Serve, KServe, Kubernetes or Docker Compose into the
     folder `output`, for the machine described (unset resources: derived from the manifest), so a
-    cluster serves it with the engine settings llmopt verified. Returns the files written."""
+    cluster serves it with the engine settings llmopt verified. An artifact at a URI is fetched
+    here to be read, and the deployment fetches it from that URI. Returns the files written."""
+    if locations.is_uri(artifact_dir):
+        model_uri = model_uri or str(artifact_dir)
+        artifact_dir = locations.fetch(str(artifact_dir))
     return exports.export(artifact_dir, fmt, output, replicas, cpus, memory_gib, gpus, image, model_uri)
 
 
@@ -351,6 +363,8 @@ def evaluate(
     api_key: str | None = None,
     name: str | None = None,
     background: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> EvaluationResults | runs.EvaluationRecord:
     """Load-test one target (an endpoint, a URL, or a model/artifact deployed for the run), or
     compare several models/artifacts deployed in turn (throughput on equal work, latency on the
@@ -360,7 +374,9 @@ def evaluate(
     (llmopt's own endpoints pass theirs).
 
     Every evaluation is recorded (`list_evaluations`), its results kept under its name. With
-    `background`, it runs in a worker process of its own and this returns its record at once."""
+    `background`, it runs in a worker process of its own and this returns its record at once.
+    `executor="ray"` runs that worker as a Ray job (`ray_address`: the dashboard's, as for
+    `optimize`); without `background` this then waits for it and returns its results."""
     chosen: list[tuple[str, Literal["endpoint", "url", "model"]]] = [
         (v, k) for v, k in ((endpoint, "endpoint"), (url, "url"), (model, "model")) if v  # type: ignore[misc]
     ]
@@ -374,12 +390,19 @@ def evaluate(
     price = pricing.choose(hardware, price_per_hour, discount, Path(hardware_file) if hardware_file else None)
     workloads.check(plan.dataset, tokenizer)
     name = names.check(name, "evaluation") if name else f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    runs_on = executors.choose(executor, ray_address)
     record = runs.create(name, {"targets": chosen, "plan": plan.model_dump(mode="json"), "price": price.model_dump(mode="json"),
-                                "quality": quality, "tokenizer": tokenizer, "api_key": api_key})
-    if background:
-        runs.spawn(name)
-        return runs.get(name)
-    results = runs.execute(name, events)
+                                "quality": quality, "tokenizer": tokenizer, "api_key": api_key}, executor=runs_on.name)
+    if background or runs_on.name != "local":
+        runs.spawn(name, runs_on)
+        if background:
+            return runs.get(name)
+        ended = runs.wait(name)
+        if ended.status != runs.COMPLETED:
+            raise LlmoptError(f"evaluation '{name}' ended {ended.status}: {ended.failure_reason}", f"see `llmopt evaluations logs {name}`")
+        results = evaluation_results(name)
+    else:
+        results = runs.execute(name, events)
     if output is not None:
         report.write(results, Path(output))
     return results

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmopt import artifact, chat_templates, endpoints, names, sources, techniques
+from llmopt import artifact, chat_templates, endpoints, locations, names, sources, techniques
 from llmopt.endpoints import Endpoint
 from llmopt.engine import vllm
 from llmopt.engine.config import EngineConfig
@@ -30,8 +30,9 @@ class ServingSpec:
 
 
 def for_target(target: str, engine: EngineConfig | None = None) -> ServingSpec:
-    """An artifact folder is served exactly as its manifest says; anything else is a model spec."""
-    path = Path(target).expanduser()
+    """An artifact folder, or an artifact's URI (fetched into a verified local copy), is served
+    exactly as its manifest says; anything else is a model spec."""
+    path = locations.fetch(target) if locations.is_uri(target) else Path(target).expanduser()
     if artifact.is_artifact(path):
         if engine is not None:
             raise LlmoptError("an artifact carries its own engine settings", "deploy it without engine flags, or optimize again")

@@ -1,20 +1,20 @@
 """Evaluation runs as records: every evaluation (from the CLI, the SDK or the studio) has one, with
 its status, progress and results folder, listable like jobs. A background run is a worker process
-of its own (`python -m llmopt.evaluation.worker NAME`); a foreground one is the caller's process."""
+of its own (`python -m llmopt.evaluation.worker NAME`), started by an executor, here or as a Ray
+job; a foreground one is the caller's process."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from llmopt import paths, procs, records
+from llmopt import executors, paths, procs, records
+from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import benchmark
 from llmopt.evaluation.levels import Events, Plan
@@ -39,8 +39,11 @@ class EvaluationRecord(BaseModel):
     arguments: dict[str, Any]  # as `llmopt.evaluate` takes them
     output_dir: str
     log_path: str
+    executor: str = "local"  # where a background run's worker runs: one of executors.NAMES
     pid: int | None = None
     pid_create_time: float | None = None
+    ray_address: str | None = None
+    ray_submission_id: str | None = None
     progress: Progress = Field(default_factory=Progress)
     failure_reason: str | None = None
     created_at: float
@@ -64,21 +67,31 @@ def output_dir(name: str) -> Path:
     return paths.home() / "evaluations" / name
 
 
-def create(name: str, arguments: dict[str, Any]) -> EvaluationRecord:
-    record = EvaluationRecord(name=name, arguments=arguments, output_dir=str(output_dir(name)),
+def create(name: str, arguments: dict[str, Any], executor: str = "local") -> EvaluationRecord:
+    record = EvaluationRecord(name=name, arguments=arguments, output_dir=str(output_dir(name)), executor=executor,
                               log_path=str(paths.logs_dir() / f"evaluation-{name}.log"), created_at=time.time())
     EVALUATIONS.insert(record)
     return record
 
 
-def spawn(name: str) -> None:
-    """Start the background worker for a recorded evaluation."""
+def spawn(name: str, runs_on: executors.Executor) -> None:
+    """Start the background worker for a recorded evaluation with an executor: a process here, or
+    a Ray job that reserves every core (it deploys and loads one target at a time)."""
     record = get(name)
-    with open(os.open(record.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-        popen = subprocess.Popen([sys.executable, "-m", "llmopt.evaluation.worker", name], stdin=subprocess.DEVNULL,
-                                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TQDM_DISABLE": "1"},
-                                 start_new_session=True)
-    EVALUATIONS.update(name, pid=popen.pid, pid_create_time=procs.create_time(popen.pid))
+    resources = executors.Resources(cpus=float(platform.detect().cores), memory_bytes=0)
+    try:
+        EVALUATIONS.update(name, **runs_on.start(name, Path(record.log_path), resources, kind="evaluation"))
+    except BaseException as exc:
+        EVALUATIONS.update(name, status=FAILED, failure_reason=f"the worker did not start: {type(exc).__name__}: {exc}",
+                           ended_at=time.time())
+        raise
+
+
+def wait(name: str, poll_s: float = 1.0) -> EvaluationRecord:
+    """A background run's record once it has ended."""
+    while (record := get(name)).status in ACTIVE:
+        time.sleep(poll_s)
+    return record
 
 
 def execute(name: str, events: Events | None = None) -> EvaluationResults:
@@ -144,7 +157,9 @@ def stop(name: str) -> EvaluationRecord:
     if record.status not in ACTIVE:
         raise LlmoptError(f"evaluation '{name}' is {record.status}, not running", "nothing to stop")
     EVALUATIONS.update(name, status=STOPPING)
-    if record.pid is not None and record.pid != os.getpid():
+    if record.executor != "local":
+        executors.of(record).stop(record)
+    elif record.pid is not None and record.pid != os.getpid():
         procs.stop_group(record.pid, record.pid_create_time) if _own_session(record.pid) else os.kill(record.pid, signal.SIGTERM)
     return get(name)
 
@@ -159,10 +174,17 @@ def _own_session(pid: int) -> bool:
 def _reconcile(record: EvaluationRecord) -> EvaluationRecord:
     if record.status not in ACTIVE:
         return record
-    lost = procs.lost(record.pid, record.pid_create_time, record.created_at)
-    if lost is None:
-        return record
-    status = STOPPED if record.status == STOPPING else FAILED
-    reason = None if status == STOPPED else f"the evaluation's process {'was never started' if lost == 'never started' else 'died'}; see {record.log_path}"
+    if record.executor != "local":
+        ended = executors.of(record).ended(record)
+        if ended is None:
+            return record
+        status = STOPPED if record.status == STOPPING or ended.stopped else FAILED
+        reason = None if status == STOPPED else ended.reason
+    else:
+        lost = procs.lost(record.pid, record.pid_create_time, record.created_at)
+        if lost is None:
+            return record
+        status = STOPPED if record.status == STOPPING else FAILED
+        reason = None if status == STOPPED else f"the evaluation's process {'was never started' if lost == 'never started' else 'died'}; see {record.log_path}"
     EVALUATIONS.update(record.name, status=status, failure_reason=reason, ended_at=time.time())
     return record.model_copy(update={"status": status, "failure_reason": reason})

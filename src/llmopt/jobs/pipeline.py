@@ -15,6 +15,7 @@ from llmopt.sources import Model
 from llmopt.techniques import measure, package
 from llmopt.techniques.base import BuildContext, Step
 
+PUBLISH = "publish"  # after the build, a job with an output URI copies the artifact there
 StepReporter = Callable[[str, str, float, float | None], None]
 SERVER_OVERHEAD_BYTES = 2 * 2**30  # a vLLM server's memory beyond weights and KV cache (exports assume the same)
 

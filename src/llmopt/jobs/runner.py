@@ -10,11 +10,12 @@ from pathlib import Path
 
 from typing import Any
 
-from llmopt import model_check, names, paths, serving, sources, techniques
+from llmopt import locations, model_check, names, paths, serving, sources, techniques
 from llmopt.endpoints import Endpoint
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
-from llmopt.jobs import executors, pipeline, store
+from llmopt import executors
+from llmopt.jobs import pipeline, store
 
 
 class Job:
@@ -34,9 +35,12 @@ class Job:
         return self.record.status
 
     @property
-    def artifact(self) -> Path | None:
+    def artifact(self) -> Path | str | None:
+        """The artifact's folder, or its URI when the job published it to one."""
         record = self.record
-        return Path(record.artifact) if record.status == store.COMPLETED and record.artifact else None
+        if record.status != store.COMPLETED or not record.artifact:
+            return None
+        return record.artifact if locations.is_uri(record.artifact) else Path(record.artifact)
 
     def wait(self, timeout_s: float | None = None, poll_s: float = 0.5) -> "Job":
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -71,8 +75,12 @@ def create(model: str, recipe: Any, name: str | None = None, output: str | Path 
     name = names.check(name, "job") if name else f"{names.slug(Path(model).name)[:40]}-{recipe.name or 'custom'}-{secrets.token_hex(3)}"
     if store.taken(name):
         raise LlmoptError(f"a job named '{name}' already exists", "pass another --name")
-    output_dir = Path(output).expanduser().resolve() if output else paths.artifacts_dir(create=False) / name
-    _check_output(output_dir)
+    if output is not None and locations.is_uri(output):
+        output_dir: str | Path = str(output).rstrip("/")
+        locations.check_new(str(output_dir))
+    else:
+        output_dir = Path(output).expanduser().resolve() if output else paths.artifacts_dir(create=False) / name
+        _check_output(output_dir)
     runs_on = executors.choose(executor, ray_address)
     source = sources.resolve(model)
     hardware = platform.detect()
@@ -84,7 +92,7 @@ def create(model: str, recipe: Any, name: str | None = None, output: str | Path 
     record = store.JobRecord(
         name=name, source=source.id, source_hash=source.content_hash, recipe=recipe.to_dict(), artifact_key=key,
         log_path=str(log_path), output_dir=str(output_dir),
-        progress={s.name: store.StepProgress() for s in pipeline.plan(recipe)}, force=force, created_at=time.time(),
+        progress={s: store.StepProgress() for s in _steps(recipe, output_dir)}, force=force, created_at=time.time(),
         executor=runs_on.name,
     )
     previous = None if force else store.find_completed(key)
@@ -127,6 +135,10 @@ def _resources(source: sources.Model, recipe: Any, hardware: platform.Hardware) 
     gpus = techniques.engine(recipe).tensor_parallel_size if hardware.device == "cuda" else 0
     return executors.Resources(cpus=float(gpus + 2 if gpus else hardware.cores),
                                memory_bytes=pipeline.peak_memory_bytes(source, recipe, hardware), gpus=gpus)
+
+
+def _steps(recipe: Any, output_dir: str | Path) -> list[str]:
+    return [s.name for s in pipeline.plan(recipe)] + ([pipeline.PUBLISH] if isinstance(output_dir, str) else [])
 
 
 def _check_output(output_dir: Path) -> None:

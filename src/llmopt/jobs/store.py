@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from llmopt import artifact, records
+from llmopt import locations, paths, records
 from llmopt.errors import LlmoptError
-from llmopt.jobs import executors
+from llmopt import executors
 
 STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED = (
     "STARTING", "INPROGRESS", "COMPLETED", "FAILED", "STOPPING", "STOPPED",
@@ -52,12 +52,20 @@ class JobRecord(BaseModel):
     ended_at: float | None = None
 
     @property
-    def workdir(self) -> Path | None:
-        """Where the artifact is built before it is renamed into place; hidden, never complete."""
+    def built_dir(self) -> Path | None:
+        """The local folder the finished artifact is renamed into: the output folder, or for an
+        output URI the local build it is published from."""
         if not self.output_dir:
             return None
-        out = Path(self.output_dir)
-        return out.parent / f".build-{out.name}"
+        if locations.is_uri(self.output_dir):
+            return paths.artifacts_dir(create=False) / f".publish-{self.name}"
+        return Path(self.output_dir)
+
+    @property
+    def workdir(self) -> Path | None:
+        """Where the artifact is built before it is renamed into place; hidden, never complete."""
+        out = self.built_dir
+        return None if out is None else out.parent / f".build-{out.name}"
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
@@ -124,7 +132,7 @@ def list_jobs(status: str | None = None, name_contains: str | None = None) -> li
 def find_completed(key: str) -> JobRecord | None:
     """The newest completed job that built an artifact with this key, whose artifact is still there."""
     for record in reversed(JOBS.select("artifact_key = ? AND status = ? AND artifact = output_dir", (key, COMPLETED))):
-        if record.artifact and artifact.is_artifact(Path(record.artifact)):
+        if record.artifact and locations.exists(record.artifact):
             return record
     return None
 

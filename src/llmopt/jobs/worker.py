@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from llmopt import sources
+from llmopt import locations, sources
 from llmopt.errors import LlmoptError
 from llmopt.jobs import pipeline, store
 from llmopt.recipe import parse
@@ -44,8 +44,9 @@ def run(name: str) -> int:
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request to the measuring engine says nothing
     signal.signal(signal.SIGTERM, _on_sigterm)
-    workdir, output = record.workdir, Path(record.output_dir or "")
-    assert workdir is not None
+    workdir, output = record.workdir, record.built_dir
+    assert workdir is not None and output is not None and record.output_dir is not None
+    uri = record.output_dir if locations.is_uri(record.output_dir) else None
     try:
         store.update(name, status=store.INPROGRESS, started_at=time.time())
         source = sources.get(record.source)
@@ -59,25 +60,53 @@ def run(name: str) -> int:
             """The rename into place and the COMPLETED record happen with stop signals held off."""
             with _signals_held():
                 yield
-                store.update(name, status=store.COMPLETED, artifact=str(output), ended_at=time.time())
+                if uri is None:
+                    store.update(name, status=store.COMPLETED, artifact=str(output), ended_at=time.time())
 
-        pipeline.build(
-            name, record.artifact_key or "", source, recipe, workdir, output, log,
-            report=lambda step, status, fraction, seconds: store.set_step(name, step, status, fraction, seconds),
-            finalize_guard=finalizing,
-        )
+        def report(step: str, status: str, fraction: float, seconds: float | None) -> None:
+            store.set_step(name, step, status, fraction, seconds)
+
+        pipeline.build(name, record.artifact_key or "", source, recipe, workdir, output, log, report=report,
+                       finalize_guard=finalizing)
+        if uri is not None:
+            _publish(output, uri, log, report)
+            store.update(name, status=store.COMPLETED, artifact=uri, ended_at=time.time())
         return 0
     except Stopped:
+        _remove_unpublished(output, uri)
         shutil.rmtree(workdir, ignore_errors=True)
         store.update(name, status=store.STOPPED, ended_at=time.time())
         log.info("stopped")
         return 0
     except BaseException as exc:
+        _remove_unpublished(output, uri)
         shutil.rmtree(workdir, ignore_errors=True)
         reason = exc.one_line() if isinstance(exc, LlmoptError) else f"{type(exc).__name__}: {exc}"
         log.exception("job failed: %s", reason)
         store.update(name, status=store.FAILED, failure_reason=" ".join(reason.split()), ended_at=time.time())
         return 1
+
+
+def _publish(built: Path, uri: str, log: logging.Logger, report: pipeline.StepReporter) -> None:
+    """Copy the finished artifact to its URI, checked there; the local build becomes this machine's
+    copy of it."""
+    log.info("step publish: start (to %s)", uri)
+    started = time.monotonic()
+    report(pipeline.PUBLISH, "running", 0.0, None)
+    locations.publish(built, uri)
+    locations.keep_copy(built)
+    seconds = time.monotonic() - started
+    report(pipeline.PUBLISH, "done", 1.0, seconds)
+    log.info("step publish: done in %.1f s", seconds)
+
+
+def _remove_unpublished(built: Path, uri: str | None) -> None:
+    """A job publishing to a URI leaves no local build behind when it fails or stops (the copy
+    at the URI is removed by `locations.publish`)."""
+    if uri is not None and built.exists():
+        for path in [built, *built.rglob("*")]:
+            path.chmod(0o700)
+        shutil.rmtree(built, ignore_errors=True)
 
 
 if __name__ == "__main__":

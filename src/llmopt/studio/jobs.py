@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from llmopt import artifact, recipe, sdk
+from llmopt import locations, recipe, sdk
 from llmopt.errors import LlmoptError
 from llmopt.studio import recipe_form, recipes, streams
 from llmopt.studio.models import catalogue
@@ -35,9 +35,9 @@ class CreateJob(BaseModel):
 
 def manifest(record: Any) -> Any | None:
     """A completed job's artifact manifest, or None while it has none."""
-    if record.status != "COMPLETED" or not record.artifact or not artifact.is_artifact(Path(record.artifact)):
+    if record.status != "COMPLETED" or not record.artifact or not locations.exists(record.artifact):
         return None
-    return artifact.load(Path(record.artifact))
+    return locations.manifest(record.artifact)
 
 
 def manifest_shown(record: Any) -> tuple[Any | None, str | None]:

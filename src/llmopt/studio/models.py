@@ -42,7 +42,7 @@ def configurations(model_id: str) -> list[dict[str, Any]]:
     """An imported model's deployment configurations, each with its warning when it was measured
     on another kind of machine."""
     model = lookup(sdk.get_model, model_id)
-    return [{**c.model_dump(mode="json"), "warning": sdk.config_warning(c)} for c in sdk.list_configs(model.id)]
+    return [{**c.model_dump(mode="json"), "warning": sdk.config_warning(c)} for c in sdk.configs(model.id)]
 
 
 @api.get("/models", summary="Imported models")
@@ -81,14 +81,14 @@ def list_configs(model_id: str) -> list[dict[str, Any]]:
           summary="Build (or reuse) a configuration's artifact and deploy it, in the background")
 def deploy_config(request: Request, model_id: str, config: str, body: DeployConfig) -> dict[str, Any]:
     lookup(sdk.get_model, model_id)
-    known = sorted({c.name for c in sdk.list_configs(model_id)})
+    known = sorted({c.name for c in sdk.configs(model_id)})
     if config not in known:
         raise NotFound(f"no deployment configuration '{config}' for '{model_id}'",
                        f"use one of {', '.join(known)}" if known else "measure some on the Recommendations page")
     name = body.name or endpoints.default_name(f"{model_id}-{config}")
     task = request.app.state.tasks.start(
         "deploy-config", f"{model_id} configuration {config} as {name}",
-        lambda task: sdk.deploy_config(model_id, config, name=name, api_key=body.api_key).to_dict())
+        lambda task: sdk.deploy(model_id, name=name, api_key=body.api_key, config=config).to_dict())
     return {"task": task.summary(), "endpoint": name}
 
 

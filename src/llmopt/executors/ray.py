@@ -19,7 +19,7 @@ import httpx
 
 from llmopt import paths, procs
 from llmopt.errors import LlmoptError
-from llmopt.jobs.executors.base import STOP_GRACE_S, Ended, Executor, Resources, Worker, worker_command
+from llmopt.executors.base import STOP_GRACE_S, Ended, Executor, Kind, Resources, Worker, worker_command
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"  # the dashboard `ray start --head` serves
 CONNECT_TIMEOUT_S = 5.0
@@ -61,19 +61,20 @@ def _client(address: str) -> Any:
                           "pass the dashboard's address of a Ray 2.8 or newer cluster with --ray-address") from None
 
 
-def submission_id(job: str) -> str:
+def submission_id(job: str, kind: Kind = "job") -> str:
     """`llmopt-JOB-HOME`: found from the job's name, and distinct for llmopt homes that share a
     cluster (Ray refuses a submission id twice, and each home names its jobs alone)."""
-    return f"llmopt-{job}-{hashlib.sha256(str(paths.home()).encode()).hexdigest()[:8]}"
+    label = job if kind == "job" else f"{kind}-{job}"
+    return f"llmopt-{label}-{hashlib.sha256(str(paths.home()).encode()).hexdigest()[:8]}"
 
 
-def entrypoint(job: str, log_path: Path) -> str:
+def entrypoint(job: str, log_path: Path, kind: Kind = "job") -> str:
     """The local executor's worker command, word for word, its output appended to the job's own log
     (so `llmopt jobs logs` reads it wherever the worker ran). A worker killed outright (SIGKILL, the
     OOM killer) would leave its measuring engine running: Ray 2.60 does not clean up after an
     entrypoint that dies, so the shell Ray starts (the leader of the job's process group) kills the
     group then, as reading a dead local job's record does."""
-    worker = f"{shlex.join(worker_command(job))} < /dev/null >> {shlex.quote(str(log_path))} 2>&1"
+    worker = f"{shlex.join(worker_command(job, kind))} < /dev/null >> {shlex.quote(str(log_path))} 2>&1"
     return f"{worker}; code=$?; if [ $code -gt 128 ]; then kill -KILL 0; fi; exit $code"
 
 
@@ -105,14 +106,14 @@ class RayExecutor(Executor):
         """Ray is installed here and the cluster answers."""
         _client(self.address)
 
-    def start(self, job: str, log_path: Path, resources: Resources) -> dict[str, object]:
+    def start(self, name: str, log_path: Path, resources: Resources, kind: Kind = "job") -> dict[str, object]:
         os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))  # the owner's alone, as locally
-        sid = submission_id(job)
+        sid = submission_id(name, kind)
         try:
             _client(self.address).submit_job(
-                entrypoint=entrypoint(job, log_path), submission_id=sid, runtime_env={"env_vars": environment()},
+                entrypoint=entrypoint(name, log_path, kind), submission_id=sid, runtime_env={"env_vars": environment()},
                 entrypoint_num_cpus=resources.cpus, entrypoint_num_gpus=resources.gpus or None,
-                entrypoint_memory=resources.memory_bytes, metadata={"llmopt_job": job},
+                entrypoint_memory=resources.memory_bytes, metadata={f"llmopt_{kind}": name},
             )
         except (OSError, RuntimeError) as exc:
             raise LlmoptError(f"Ray at {self.address} did not take job '{sid}': {_one_line(str(exc))}",

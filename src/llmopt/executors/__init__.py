@@ -4,8 +4,8 @@ this machine; `ray` submits it as a Ray job (see `base.Executor` for what one do
 from __future__ import annotations
 
 from llmopt.errors import LlmoptError
-from llmopt.jobs.executors import local, ray
-from llmopt.jobs.executors.base import STOP_GRACE_S, Ended, Executor, Resources, Worker
+from llmopt.executors import local, ray
+from llmopt.executors.base import STOP_GRACE_S, Ended, Executor, Resources, Worker
 
 NAMES = ("local", "ray")
 

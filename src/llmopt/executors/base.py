@@ -1,4 +1,4 @@
-"""What an executor is: where a job's worker runs. Every executor runs the same worker command
+"""What an executor is: where a job's (or an evaluation's) worker runs. Every executor runs the same worker command
 (the worker owns the job's record from then on); it starts it, stops it, and tells how it ended
 when it ended without recording that itself, so reading a record tells a dead worker from a busy one.
 """
@@ -9,7 +9,7 @@ import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 STOP_GRACE_S = 30.0  # from SIGTERM to SIGKILL: time for the worker to remove its work folder and record STOPPED
 
@@ -51,8 +51,9 @@ class Executor(ABC):
         """Refuse now what would fail later, before a job is recorded or a stop is: nothing to check by default."""
 
     @abstractmethod
-    def start(self, job: str, log_path: Path, resources: Resources) -> dict[str, object]:
-        """Start the job's worker, its output appended to `log_path`; returns the record fields that find it again."""
+    def start(self, name: str, log_path: Path, resources: Resources, kind: Kind = "job") -> dict[str, object]:
+        """Start the worker of the job (or evaluation) `name`, its output appended to `log_path`;
+        returns the record fields that find it again."""
 
     @abstractmethod
     def stop(self, worker: Worker) -> None:
@@ -64,6 +65,10 @@ class Executor(ABC):
         """How the worker ended (whatever it left running is gone by then), or None while it runs or may still start."""
 
 
-def worker_command(job: str) -> list[str]:
-    """The worker's command line, the same under every executor."""
-    return [sys.executable, "-m", "llmopt.jobs.worker", job]
+WORKERS = {"job": "llmopt.jobs.worker", "evaluation": "llmopt.evaluation.worker"}  # what a worker runs, by kind
+Kind = Literal["job", "evaluation"]
+
+
+def worker_command(name: str, kind: Kind = "job") -> list[str]:
+    """The worker's command line for a recorded job or evaluation, the same under every executor."""
+    return [sys.executable, "-m", WORKERS[kind], name]

@@ -8,17 +8,17 @@ import subprocess
 from pathlib import Path
 
 from llmopt import procs
-from llmopt.jobs.executors.base import STOP_GRACE_S, Ended, Executor, Resources, Worker, worker_command
+from llmopt.executors.base import STOP_GRACE_S, Ended, Executor, Kind, Resources, Worker, worker_command
 
 
 class LocalExecutor(Executor):
     name = "local"
 
-    def start(self, job: str, log_path: Path, resources: Resources) -> dict[str, object]:
+    def start(self, name: str, log_path: Path, resources: Resources, kind: Kind = "job") -> dict[str, object]:
         """The process gets this machine as it is: nothing is reserved, so `resources` go unused."""
         with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             popen = subprocess.Popen(
-                worker_command(job), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                worker_command(name, kind), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 # the job reports progress per step; llm-compressor's and transformers' bars would only fill its log
                 env={**os.environ, "TQDM_DISABLE": "1"}, start_new_session=True,
             )
