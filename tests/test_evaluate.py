@@ -79,6 +79,7 @@ def test_a_target_against_its_own_copy_is_no_measurable_difference(smol, baselin
 
 
 @pytest.mark.engine
+@pytest.mark.slow  # four deploys for a statistical check; the equal-work leg itself runs in CI (the test above)
 def test_equal_work_ratio_matches_the_decode_speed_ratio(baseline, smoothquant, tmp_path: Path) -> None:
     """Outputs of different lengths (INT8 rounds differently): the equal-work ratio of output tokens/s
     agrees with the ratio of fixed-length decode speeds within what each measured, their confidence

@@ -446,7 +446,7 @@ def test_an_evaluation_through_ray_measures_and_records_as_a_local_one(ray_head:
     results = llmopt.evaluate(model=str(baseline.artifact), concurrency=[1], requests=4, min_duration_s=0, quality=False,
                               name="ray-evaluation", executor="ray", ray_address=ray_head)
     record = llmopt.get_evaluation("ray-evaluation")
-    assert (record.status, record.executor, record.pid) == (runs.COMPLETED, "ray", None)
+    assert (record.status, record.executor) == (runs.COMPLETED, "ray") and record.pid != os.getpid()  # the Ray worker's
     assert _ray_status(ray_head, record.ray_submission_id) == "SUCCEEDED"
     (level,) = results.targets[0].levels
     assert level.invocations >= 4 and level.invocation_errors == 0 and level.output_tokens_per_s > 0

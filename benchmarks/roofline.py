@@ -1,0 +1,171 @@
+"""How close each artifact kind decodes to what this machine allows: a roofline table.
+
+For each artifact of SmolLM2-135M (bf16, SmoothQuant W8A8, AWQ W4A16, block FP8 where the matrix
+allows it), built by a real job with the built-in recipe (or reused by key):
+- bytes streamed per generated token: every weight a decode step reads, from the safetensors
+  headers (the `lm_head` in full, the tied embedding matrix read as the `lm_head`, one embedding
+  row), plus the KV cache read at the context's length;
+- the memory bound: this machine's read bandwidth, measured here first (no engine running), over
+  those bytes;
+- at batch 16, the compute bound too, from this machine's measured bf16 (and int8) matmul rate;
+- what the deployed artifact achieves, from the time per output token (p50) of fixed-length
+  requests (end-of-sequence ignored) at batch 1 with a short prompt and with ~1,000 tokens of
+  prompt, and at batch 16; and the fraction of the bound.
+Writes benchmarks/results/roofline.json.
+
+    .venv/bin/python benchmarks/roofline.py
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+
+import torch
+
+import llmopt
+from llmopt.engine import platform
+from llmopt.errors import LlmoptError
+
+MODEL = "smollm2-135m-instruct"
+KINDS = {"bf16": "baseline", "SmoothQuant W8A8": "smoothquant", "AWQ W4A16": "awq", "block FP8": "fp8-block"}
+OUTPUT_TOKENS = 128
+CASES = {  # name: (prompt tokens, concurrency, requests)
+    "b1 short": (16, 1, 6),
+    "b1 ctx1000": (1000, 1, 6),
+    "b16 short": (16, 16, 32),
+}
+RESULTS = Path(__file__).parent / "results" / "roofline.json"
+DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I8": 1, "U8": 1, "I32": 4, "F8_E4M3": 1, "I64": 8}
+
+
+def _best_seconds(run, repeats: int = 7) -> float:
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def machine_rates() -> dict[str, float | None]:
+    """Read and copy bandwidth (GB/s) over 1 GiB, and matmul throughput (GFLOP/s), best of several runs."""
+    torch.set_num_threads(platform.detect().cores)
+    x = torch.ones(2**28, dtype=torch.float32)
+    y = torch.empty_like(x)
+    size = x.numel() * 4
+    read = size / _best_seconds(lambda: x.sum()) / 1e9
+    copy = 2 * size / _best_seconds(lambda: y.copy_(x)) / 1e9
+    n = 2048
+    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+    bf16 = 2 * n**3 / _best_seconds(lambda: a @ b) / 1e9
+    try:
+        ai, bi = torch.randint(-8, 8, (n, n), dtype=torch.int8), torch.randint(-8, 8, (n, n), dtype=torch.int8)
+        int8: float | None = 2 * n**3 / _best_seconds(lambda: torch._int_mm(ai, bi)) / 1e9
+    except RuntimeError:
+        int8 = None
+    return {"read_gb_s": round(read, 2), "copy_gb_s": round(copy, 2), "bf16_gflop_s": round(bf16, 1),
+            "int8_gflop_s": round(int8, 1) if int8 else None}
+
+
+def _tensors(folder: Path) -> dict[str, dict]:
+    found = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        found.update({k: v for k, v in header.items() if k != "__metadata__"})
+    return found
+
+
+def weight_traffic(folder: Path) -> dict[str, float]:
+    """Bytes one decode step reads, and the multiply-adds per token by operand precision."""
+    config = json.loads((folder / "config.json").read_text())
+    tensors = _tensors(folder)
+    streamed, macs_int8, macs_bf16 = 0.0, 0.0, 0.0
+    for name, info in tensors.items():
+        size = info["data_offsets"][1] - info["data_offsets"][0]
+        if "embed_tokens" in name:
+            streamed += size / info["shape"][0]  # one row per token
+            if config.get("tie_word_embeddings") and not any("lm_head" in k for k in tensors):
+                streamed += size  # the lm_head is the embedding matrix, read in full
+                macs_bf16 += info["shape"][0] * info["shape"][1]
+            continue
+        streamed += size
+        if name.endswith("weight") and len(info["shape"]) == 2 and "norm" not in name:
+            if info["dtype"] == "I8":
+                macs_int8 += info["shape"][0] * info["shape"][1]
+            elif info["dtype"] in ("BF16", "F16", "F32", "F8_E4M3"):
+                macs_bf16 += info["shape"][0] * info["shape"][1]
+        elif name.endswith("weight_packed"):  # AWQ: 8 int4 values per int32, dequantized to bf16
+            macs_bf16 += info["shape"][0] * info["shape"][1] * 8
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_per_position = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2  # K and V, bf16
+    return {"weights": streamed, "kv_per_position": kv_per_position, "macs_int8": macs_int8, "macs_bf16": macs_bf16}
+
+
+def bound_tokens_per_s(traffic: dict[str, float], rates: dict, batch: int, context: int) -> tuple[float, str]:
+    """The roofline: a step reads the weights once and each sequence's KV cache, and does each
+    sequence's multiply-adds; its time is the larger of the two."""
+    memory_s = (traffic["weights"] + batch * context * traffic["kv_per_position"]) / (rates["read_gb_s"] * 1e9)
+    int8_rate = rates["int8_gflop_s"] or rates["bf16_gflop_s"]
+    compute_s = batch * 2 * (traffic["macs_int8"] / (int8_rate * 1e9) + traffic["macs_bf16"] / (rates["bf16_gflop_s"] * 1e9))
+    return batch / max(memory_s, compute_s), "memory" if memory_s >= compute_s else "compute"
+
+
+def achieved(folder: Path) -> dict[str, float]:
+    """Decode tokens/s per case, from the median time per output token of fixed-length requests."""
+    speeds = {}
+    with llmopt.deploy(str(folder)) as endpoint:
+        for case, (prompt, concurrency, requests) in CASES.items():
+            results = llmopt.evaluate(endpoint=endpoint.name, dataset=f"synthetic:{prompt},{OUTPUT_TOKENS}",
+                                      concurrency=[concurrency], requests=requests, min_duration_s=0, quality=False)
+            level = results.targets[0].levels[0]
+            speeds[case] = concurrency * 1000 / level.tpot_ms.p50 if level.tpot_ms else 0.0
+            print(f"  {case}: {speeds[case]:.1f} tokens/s (TPOT p50 {level.tpot_ms.p50 if level.tpot_ms else 0:.2f} ms)", flush=True)
+    return speeds
+
+
+def main() -> None:
+    hardware = platform.detect()
+    rates = machine_rates()
+    print(f"{hardware.cpu_model}, {hardware.cores} cores: read {rates['read_gb_s']} GB/s, copy {rates['copy_gb_s']} GB/s, "
+          f"bf16 matmul {rates['bf16_gflop_s']} GFLOP/s, int8 {rates['int8_gflop_s']} GFLOP/s", flush=True)
+    rows = []
+    for kind, recipe in KINDS.items():
+        try:
+            job = llmopt.optimize(MODEL, recipe)
+        except LlmoptError as exc:
+            rows.append({"kind": kind, "refused": exc.one_line()})
+            print(f"{kind}: refused here: {exc.one_line()}", flush=True)
+            continue
+        if job.artifact is None:
+            raise SystemExit(f"{kind}: job {job.name} ended {job.status}: {job.record.failure_reason}")
+        folder = Path(job.artifact)
+        traffic = weight_traffic(folder)
+        print(f"{kind}: {traffic['weights'] / 1e6:.1f} MB per token", flush=True)
+        speeds = achieved(folder)
+        row = {"kind": kind, "artifact": folder.name, "mb_per_token": round(traffic["weights"] / 1e6, 1), "cases": {}}
+        for case, (prompt, concurrency, _) in CASES.items():
+            bound, limit = bound_tokens_per_s(traffic, rates, concurrency, prompt + OUTPUT_TOKENS // 2)
+            row["cases"][case] = {"achieved_tok_s": round(speeds[case], 1), "bound_tok_s": round(bound, 1), "limited_by": limit,
+                                  "fraction": round(speeds[case] / bound, 3)}
+        rows.append(row)
+    RESULTS.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
+                                   "cpu_flags_amx": any(f.startswith("amx") for f in hardware.cpu_flags),
+                                   "machine": rates, "output_tokens": OUTPUT_TOKENS, "rows": rows}, indent=2) + "\n")
+    print(f"\n{'kind':<18} {'MB/token':>8} " + " ".join(f"{c + ' tok/s (bound, %)':>32}" for c in CASES))
+    for row in rows:
+        if "refused" in row:
+            print(f"{row['kind']:<18} refused here")
+            continue
+        cells = [f"{c['achieved_tok_s']:>8.1f} ({c['bound_tok_s']:>7.1f} {c['limited_by'][:3]}, {c['fraction']:>5.1%})"
+                 for c in row["cases"].values()]
+        print(f"{row['kind']:<18} {row['mb_per_token']:>8} " + " ".join(f"{c:>32}" for c in cells))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
