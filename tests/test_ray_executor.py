@@ -22,13 +22,12 @@ import psutil
 import pytest
 
 import llmopt
-from llmopt import Recipe, SmoothQuant, artifact, client, locations, paths, sources
+from llmopt import Recipe, SmoothQuant, artifact, client, executors, locations, paths, sources
 from llmopt.engine import platform, vllm
-from llmopt.evaluation import runs
 from llmopt.errors import LlmoptError
-from llmopt import executors
-from llmopt.jobs import pipeline, store
+from llmopt.evaluation import runs
 from llmopt.executors import ray as ray_executor
+from llmopt.jobs import pipeline, store
 
 from conftest import assert_one_line_error, run_cli, wait_for_step
 

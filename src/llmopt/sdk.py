@@ -16,7 +16,7 @@ from typing import Any, Iterator, Literal
 
 from pydantic import ValidationError
 
-from llmopt import artifact, catalog, compatibility, coverage, endpoints, exports, locations, names, serving, sources
+from llmopt import artifact, catalog, compatibility, coverage, endpoints, executors, exports, locations, names, serving, sources
 from llmopt import recipe as recipes
 from llmopt.endpoints import Endpoint
 from llmopt.engine import compile_cache, platform, vllm
@@ -27,7 +27,6 @@ from llmopt.evaluation import results as evaluation_results_module
 from llmopt.evaluation import workload as workloads
 from llmopt.evaluation.levels import Events, Plan
 from llmopt.evaluation.results import EvaluationResults
-from llmopt import executors
 from llmopt.jobs import runner, store
 from llmopt.jobs.runner import Job
 from llmopt.jobs.store import JobRecord

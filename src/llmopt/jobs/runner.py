@@ -10,11 +10,10 @@ from pathlib import Path
 
 from typing import Any
 
-from llmopt import locations, model_check, names, paths, serving, sources, techniques
+from llmopt import executors, locations, model_check, names, paths, serving, sources, techniques
 from llmopt.endpoints import Endpoint
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
-from llmopt import executors
 from llmopt.jobs import pipeline, store
 
 

@@ -11,9 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from llmopt import locations, paths, records
+from llmopt import executors, locations, paths, records
 from llmopt.errors import LlmoptError
-from llmopt import executors
 
 STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED = (
     "STARTING", "INPROGRESS", "COMPLETED", "FAILED", "STOPPING", "STOPPED",
