@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel
 
@@ -33,10 +33,15 @@ HASHES = records.Table("file_hashes", FileHash, key="path", order="path")
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
+        return stream_sha256(f)
+
+
+def stream_sha256(f: BinaryIO) -> str:
+    """The hash of what is left to read of an open binary file (a local one, or fsspec's)."""
+    digest = hashlib.sha256()
+    while chunk := f.read(_CHUNK):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -49,9 +54,15 @@ def folder_sha256(root: Path, exclude: frozenset[str] = frozenset(), remember: b
     """Hash of every file's relative path and content, independent of where the folder lives."""
     files = [p for p in sorted(root.rglob("*")) if p.is_file() and p.relative_to(root).as_posix() not in exclude]
     hashes = _remembered([p.resolve() for p in files]) if remember else [file_sha256(p) for p in files]
+    return listing_sha256([(p.relative_to(root).as_posix(), sha) for p, sha in zip(files, hashes)])
+
+
+def listing_sha256(files: list[tuple[str, str]]) -> str:
+    """`folder_sha256` from its (relative path, file hash) pairs in path order: the one definition
+    that a folder anywhere, local or behind fsspec, is hashed by."""
     digest = hashlib.sha256()
-    for path, sha in zip(files, hashes):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + sha.encode() + b"\n")
+    for relative, sha in files:
+        digest.update(relative.encode() + b"\0" + sha.encode() + b"\n")
     return digest.hexdigest()
 
 

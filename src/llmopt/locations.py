@@ -7,7 +7,6 @@ never taken for an artifact.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import shutil
 from pathlib import Path
@@ -15,11 +14,8 @@ from typing import Any
 
 import fsspec
 
-from llmopt import artifact, paths
+from llmopt import artifact, hashing, paths
 from llmopt.errors import LlmoptError
-
-_CHUNK = 1 << 20
-
 
 def is_uri(location: str | Path) -> bool:
     return "://" in str(location)
@@ -48,9 +44,9 @@ def check_new(uri: str) -> None:
         raise LlmoptError(f"cannot write to '{uri}' ({exc})", "pass an --output where you can write") from None
 
 
-def publish(local: Path, uri: str) -> None:
+def publish(local: Path, uri: str) -> artifact.Manifest:
     """Copy a finished artifact folder to `uri`: every file, then a check of what landed against
-    the manifest's hash, then the manifest. On any failure the partial copy is removed."""
+    the manifest's hash, then the manifest (returned). On any failure the partial copy is removed."""
     manifest = artifact.load(local)
     fs, root = _filesystem(uri)
     files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != artifact.MANIFEST)
@@ -68,6 +64,7 @@ def publish(local: Path, uri: str) -> None:
         if fs.exists(root):
             fs.rm(root, recursive=True)
         raise
+    return manifest
 
 
 def manifest(location: str) -> artifact.Manifest:
@@ -98,9 +95,8 @@ def fetch(uri: str) -> Path:
         return final
     staging = copies_dir() / f".fetch-{secrets.token_hex(6)}"
     try:
-        fs.get(root.rstrip("/") + "/", str(staging), recursive=True)
-        artifact.verify(staging)
-        if artifact.load(staging).content_hash != content_hash:
+        fs.get(root + "/", str(staging), recursive=True)
+        if artifact.verify(staging).content_hash != content_hash:
             raise LlmoptError(f"the manifest at '{uri}' changed while it was copied", "deploy it again")
         artifact.freeze(staging)
         staging.rename(final)
@@ -110,10 +106,10 @@ def fetch(uri: str) -> Path:
     return final
 
 
-def keep_copy(local: Path) -> Path:
+def keep_copy(local: Path, content_hash: str) -> Path:
     """Move a published artifact's local build into the copy store, where a deploy of its URI on
     this machine finds it without downloading."""
-    final = copies_dir() / artifact.load(local).content_hash
+    final = copies_dir() / content_hash
     if final.exists():
         shutil.rmtree(local)
         return final
@@ -129,17 +125,12 @@ def copies_dir() -> Path:
 
 def _remote_sha256(fs: Any, root: str) -> str:
     """`hashing.folder_sha256` of a folder on an fsspec file system, read back from it."""
-    prefix = root.rstrip("/") + "/"
-    found = sorted(p for p in fs.find(root) if p[len(prefix):] != artifact.MANIFEST)
-    digest = hashlib.sha256()
-    for path in found:
-        file_digest = hashlib.sha256()
+    prefix = root + "/"
+    hashes = []
+    for path in sorted(p for p in fs.find(root) if p[len(prefix):] != artifact.MANIFEST):
         with fs.open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                file_digest.update(chunk)
-        relative = path[len(prefix):]
-        digest.update(relative.encode() + b"\0" + file_digest.hexdigest().encode() + b"\n")
-    return digest.hexdigest()
+            hashes.append((path[len(prefix):], hashing.stream_sha256(f)))
+    return hashing.listing_sha256(hashes)
 
 
 def _filesystem(uri: str) -> tuple[Any, str]:

@@ -137,7 +137,7 @@ def _resources(source: sources.Model, recipe: Any, hardware: platform.Hardware) 
 
 
 def _steps(recipe: Any, output_dir: str | Path) -> list[str]:
-    return [s.name for s in pipeline.plan(recipe)] + ([pipeline.PUBLISH] if isinstance(output_dir, str) else [])
+    return [s.name for s in pipeline.plan(recipe)] + ([pipeline.PUBLISH] if locations.is_uri(output_dir) else [])
 
 
 def _check_output(output_dir: Path) -> None:

@@ -93,8 +93,7 @@ def _publish(built: Path, uri: str, log: logging.Logger, report: pipeline.StepRe
     log.info("step publish: start (to %s)", uri)
     started = time.monotonic()
     report(pipeline.PUBLISH, "running", 0.0, None)
-    locations.publish(built, uri)
-    locations.keep_copy(built)
+    locations.keep_copy(built, locations.publish(built, uri).content_hash)
     seconds = time.monotonic() - started
     report(pipeline.PUBLISH, "done", 1.0, seconds)
     log.info("step publish: done in %.1f s", seconds)
@@ -103,10 +102,8 @@ def _publish(built: Path, uri: str, log: logging.Logger, report: pipeline.StepRe
 def _remove_unpublished(built: Path, uri: str | None) -> None:
     """A job publishing to a URI leaves no local build behind when it fails or stops (the copy
     at the URI is removed by `locations.publish`)."""
-    if uri is not None and built.exists():
-        for path in [built, *built.rglob("*")]:
-            path.chmod(0o700)
-        shutil.rmtree(built, ignore_errors=True)
+    if uri is not None:
+        shutil.rmtree(built, ignore_errors=True)  # frozen, but its folders are the owner's to write
 
 
 if __name__ == "__main__":
