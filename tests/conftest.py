@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import pytest
 
 # Every test session gets a fresh llmopt home, set before llmopt is imported anywhere.
@@ -171,3 +172,36 @@ def browser_page(errors: list[str]) -> Iterator[Any]:
             yield page
         finally:
             chromium.close()
+
+
+def _ray(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
+    """The `ray` command of the Python running the tests."""
+    return subprocess.run([sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()",
+                           *args], capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[str]:
+    """A Ray head on 127.0.0.1 for the module using it (2 CPUs, the dashboard on a free port), stopped
+    after it, so no Ray process runs beside other modules' measurements; its address."""
+    pytest.importorskip("ray.job_submission", reason="needs Ray in the Python running the tests: pip install 'llmopt[ray]'")
+    port = vllm.free_port()
+    temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths must fit in 107 bytes
+    started = _ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(vllm.free_port()), "--num-cpus", "2",
+                   "--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(port),
+                   "--temp-dir", temp, "--disable-usage-stats", timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    address = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(address + "/api/version", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "Ray's dashboard never answered"
+            time.sleep(1)
+        yield address
+    finally:
+        _ray("stop", timeout=300)

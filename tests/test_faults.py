@@ -22,7 +22,6 @@ import pytest
 
 import llmopt
 from llmopt import artifact, client, names, paths, procs, records, sources
-from llmopt.engine import vllm
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
 from llmopt.techniques.quantization import schemes

@@ -11,13 +11,11 @@ import shlex
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
 
-import httpx
 import psutil
 import pytest
 
@@ -354,38 +352,6 @@ def test_records_of_an_older_llmopt_open_as_local_jobs(tmp_path: Path, monkeypat
 
 
 # -- the engine tier: real jobs on a real local Ray head ---------------------------------------------------
-
-
-def _ray(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
-    """The `ray` command of the Python running the tests."""
-    return subprocess.run([sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()",
-                           *args], capture_output=True, text=True, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def ray_head() -> Iterator[str]:
-    """A Ray head on 127.0.0.1 for this module (2 CPUs, the dashboard on a free port); its address."""
-    pytest.importorskip("ray.job_submission", reason="needs Ray in the Python running the tests: pip install 'llmopt[ray]'")
-    port = vllm.free_port()
-    temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths must fit in 107 bytes
-    started = _ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(vllm.free_port()), "--num-cpus", "2",
-                   "--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(port),
-                   "--temp-dir", temp, "--disable-usage-stats", timeout=300)
-    assert started.returncode == 0, started.stdout + started.stderr
-    address = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(address + "/api/version", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "Ray's dashboard never answered"
-            time.sleep(1)
-        yield address
-    finally:
-        _ray("stop", timeout=300)
 
 
 def _ray_client(address: str) -> Any:

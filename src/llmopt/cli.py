@@ -424,12 +424,15 @@ def recommend(
     budget_minutes: Optional[float] = typer.Option(None, help="Drop the most expensive candidates to fit this budget."),
     recipe: Optional[list[str]] = typer.Option(None, help="A recipe file of yours to try too (repeat the flag)."),
     output: Path = typer.Option(Path("llmopt-recommend"), help="Folder for recommendation.json and report.html."),
+    executor: str = typer.Option("local", help=f"Where candidates' jobs run: {' | '.join(sdk.JOB_EXECUTORS)} (ray: all built at once, then measured here)."),
+    ray_address: Optional[str] = typer.Option(None, help="The Ray dashboard's address for --executor ray (default http://127.0.0.1:8265)."),
 ) -> None:
     """Measure the candidates the matrix allows for a model on this machine and recommend one for the goal."""
     with _recommend_progress() as events:
         rec = sdk.recommend(model, goal=goal, slos=slo or [], max_quality_loss=max_quality_loss, dataset=dataset,
                             concurrency=_levels(concurrency), requests=requests, min_duration_s=min_duration,
-                            budget_minutes=budget_minutes, recipes=recipe or [], output=output, events=events)
+                            budget_minutes=budget_minutes, recipes=recipe or [], output=output, events=events,
+                            executor=executor, ray_address=ray_address)
     recommendation.table(rec, console)
     console.print(f"results: {output / recommendation.RESULTS_FILE}  report: {output / recommendation.REPORT_FILE}")
 
@@ -443,6 +446,8 @@ def _recommend_progress() -> Iterator[Callable[..., None]]:
                 recommendation.estimates(data["recommendation"], console)
             elif kind == "candidate":
                 err.print(f"candidate [bold]{data['name']}[/] (about {data['estimate_s'] / 60:.1f} min)")
+            elif kind == "building":
+                err.print(f"building every candidate's job first, on {data['executor']}: {', '.join(data['jobs'])}")
             else:
                 level_events(kind, **data)
 

@@ -256,17 +256,22 @@ def recommend(
     recipes: list[str] | tuple[str, ...] = (),
     output: str | Path | None = None,
     events: Events | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> search.Recommendation:
     """Try the candidates the compatibility matrix allows for this model here, each as a job and an
     equal-work load test at every level, rank them for `goal` under the service-level targets
     (`slos`, e.g. "ttft_p90_ms=800"), and keep them as deployment configurations. Resumes a run with
-    the same arguments; `budget_minutes` drops the most expensive candidates by estimate first."""
+    the same arguments; `budget_minutes` drops the most expensive candidates by estimate first.
+    `executor="ray"` builds every candidate's job on a Ray cluster at once; the load tests stay here,
+    one after another, so that they measure this machine."""
     events = events or (lambda *a, **k: None)
     workloads.check(dataset)
+    executors.choose(executor, ray_address)
     spec = _validated(search.RecommendSpec, "recommend setting", "see `llmopt recommend --help`", dict(
         model=model, goal=goal, slos=tuple(ranking.SLO.parse(s) for s in slos), max_quality_loss=max_quality_loss,
         dataset=dataset, concurrency=tuple(concurrency), requests=requests, min_duration_s=min_duration_s,
-        budget_minutes=budget_minutes, recipes=tuple(recipes)))
+        budget_minutes=budget_minutes, recipes=tuple(recipes), executor=executor, ray_address=ray_address))
     rec = search.start(spec)
     search.fit_budget(rec)
     events("estimates", recommendation=rec)
@@ -390,8 +395,8 @@ def evaluate(
     workloads.check(plan.dataset, tokenizer)
     name = names.check(name, "evaluation") if name else f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     runs_on = executors.choose(executor, ray_address)
-    record = runs.create(name, {"targets": chosen, "plan": plan.model_dump(mode="json"), "price": price.model_dump(mode="json"),
-                                "quality": quality, "tokenizer": tokenizer, "api_key": api_key}, executor=runs_on.name)
+    runs.create(name, {"targets": chosen, "plan": plan.model_dump(mode="json"), "price": price.model_dump(mode="json"),
+                       "quality": quality, "tokenizer": tokenizer, "api_key": api_key}, executor=runs_on.name)
     if background or runs_on.name != "local":
         runs.spawn(name, runs_on)
         if background:

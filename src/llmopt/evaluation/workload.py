@@ -7,7 +7,6 @@ question-answering set made from llmopt's own passages, and synthetic fixed-leng
 from __future__ import annotations
 
 import importlib.metadata as md
-import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path

@@ -14,7 +14,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llmopt import artifact, hashing, names, paths, serving, sources
+from llmopt import hashing, locations, names, paths, sources
 from llmopt.engine import platform, vllm
 from llmopt.engine.platform import Hardware
 from llmopt.errors import LlmoptError
@@ -49,6 +49,8 @@ class RecommendSpec(BaseModel):
     min_duration_s: float = Field(10.0, ge=0, le=3600)
     budget_minutes: float | None = Field(None, gt=0)
     recipes: tuple[str, ...] = ()  # the user's own recipe files, tried as candidates too
+    executor: str = Field("local", description="Where candidates' jobs run: local, or ray (all submitted at once).")
+    ray_address: str | None = None
 
     @model_validator(mode="after")
     def _levels(self) -> "RecommendSpec":
@@ -140,21 +142,32 @@ def fit_budget(rec: Recommendation) -> None:
 
 
 def run(rec: Recommendation, events: Events = lambda *a, **k: None) -> Recommendation:
-    """Every pending candidate in turn (the reference first), then the ranking; saved as it goes."""
+    """Every pending candidate in turn (the reference first), then the ranking; saved as it goes.
+
+    With a cluster executor every candidate's job is submitted first, and all are built before the
+    first is measured: the cluster builds side by side, and no build shares a core with a load test
+    when this machine is one of its nodes."""
     plan = _plan(rec.spec)
     rec.save()
-    for candidate in sorted(rec.candidates, key=lambda c: c.name != REFERENCE):
-        if candidate.status != "pending":
-            continue
+    pending = [c for c in sorted(rec.candidates, key=lambda c: c.name != REFERENCE) if c.status == "pending"]
+    if rec.spec.executor != "local":
+        for candidate in pending:
+            try:
+                _submit(rec, candidate)
+            except LlmoptError as exc:
+                _failed(candidate, exc)
+        submitted = [c for c in pending if c.status == "pending"]
+        events("building", jobs=[c.job for c in submitted], executor=rec.spec.executor)
+        for candidate in submitted:
+            runner.Job(candidate.job or "").wait()
+    for candidate in (c for c in pending if c.status == "pending"):
         events("candidate", name=candidate.name, estimate_s=candidate.estimate_s)
         started = time.monotonic()
         try:
             _measure(rec, candidate, plan, events)
             candidate.status = "done"
         except LlmoptError as exc:
-            if candidate.name == REFERENCE:
-                raise
-            candidate.status, candidate.reason = "failed", exc.one_line()
+            _failed(candidate, exc)
         candidate.seconds = round(time.monotonic() - started, 1)
         rec.save()
     _rank(rec)
@@ -168,20 +181,34 @@ def _plan(spec: RecommendSpec) -> Plan:
     return Plan(dataset=spec.dataset, concurrency=spec.concurrency, requests=spec.requests, min_duration_s=spec.min_duration_s)
 
 
+def _failed(candidate: Candidate, exc: LlmoptError) -> None:
+    """A candidate that failed is reported and the run goes on; without the reference nothing ranks."""
+    if candidate.name == REFERENCE:
+        raise exc
+    candidate.status, candidate.reason = "failed", exc.one_line()
+
+
+def _submit(rec: Recommendation, candidate: Candidate) -> None:
+    """The candidate's job, through the spec's executor, unless a resumed run already has it (or
+    its worker died, killed with the run that started it: then a new one)."""
+    earlier = store.load(candidate.job) if candidate.job else None
+    if earlier is None or (earlier.status == store.FAILED and earlier.pid is not None and "died" in (earlier.failure_reason or "")):
+        job = runner.create(rec.spec.model, parse({"name": names.slug(candidate.name)[:30], **candidate.recipe}),
+                            name=f"rec-{names.slug(candidate.name)[:40]}-{secrets.token_hex(3)}",
+                            executor=rec.spec.executor, ray_address=rec.spec.ray_address)
+        candidate.job = job.name
+        rec.save()
+
+
 def _measure(rec: Recommendation, candidate: Candidate, plan: Plan, events: Events) -> None:
     """The candidate's job, then one deployment of its artifact loaded at every level on equal work
     (the reference first runs its natural outputs once, at the lowest level, to set the lengths)."""
-    earlier = store.load(candidate.job) if candidate.job else None  # a resumed run waits for the job it started
-    if earlier is None or (earlier.status == store.FAILED and earlier.pid is not None and "died" in (earlier.failure_reason or "")):
-        job = runner.create(rec.spec.model, parse({"name": names.slug(candidate.name)[:30], **candidate.recipe}),
-                            name=f"rec-{names.slug(candidate.name)[:40]}-{secrets.token_hex(3)}")
-        candidate.job = job.name
-        rec.save()
-    record = runner.Job(candidate.job).wait().record
+    _submit(rec, candidate)
+    record = runner.Job(candidate.job or "").wait().record
     if record.status != store.COMPLETED:
-        raise LlmoptError(f"its job ended {record.status}: {record.failure_reason}", f"see `llmopt jobs logs {job.name}`")
+        raise LlmoptError(f"its job ended {record.status}: {record.failure_reason}", f"see `llmopt jobs logs {record.name}`")
     candidate.artifact = record.artifact
-    manifest = artifact.load(Path(record.artifact or ""))
+    manifest = locations.manifest(record.artifact or "")  # a reused artifact may be one a Ray job published to a URI
     price = rec.price
     target = benchmark.deploy_target(record.artifact or "", events)
     try:
