@@ -167,3 +167,22 @@ def test_coverage_runs_agree_with_the_published_matrix(model_type: str, columns:
 def test_the_readme_table_is_the_matrix() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert coverage.markdown(coverage.load()) in readme, "README's supported-models table is stale: run benchmarks/coverage.py"
+
+
+def test_a_head_size_vllm_cannot_attend_is_refused_and_the_engines_answer_is_kept(home: Path, tmp_path: Path) -> None:
+    """The sizes come from vLLM's CPU attention once per installed engine version, then from the
+    llmopt home; a damaged copy there is asked again, never trusted."""
+    from llmopt import model_check
+    from llmopt.engine import platform, vllm
+
+    hardware = platform.detect()
+    folder = tmp_path / "odd-heads"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 48, "num_attention_heads": 3}))  # head size 16
+    with pytest.raises(LlmoptError, match="attention takes head sizes .*this model's is 16"):
+        model_check.attends_here(folder, hardware)
+    kept = next((home / "engine-facts").glob("*-cpu-attention-head-sizes.json"))
+    asked = json.loads(kept.read_text())
+    assert 64 in asked and 16 not in asked
+    kept.write_text("{not json")
+    assert vllm.attention_head_sizes(hardware) == asked and json.loads(kept.read_text()) == asked

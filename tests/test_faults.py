@@ -361,3 +361,24 @@ def test_records_of_an_older_llmopt_gain_new_columns(tmp_path: Path, monkeypatch
     table = records.Table("models", sources.Model, key="id", order="id")
     with table.connect() as conn:
         assert "imported_at" in {row["name"] for row in conn.execute("PRAGMA table_info(models)")}
+
+
+def test_a_server_started_for_one_run_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A deployer killed outright runs no cleanup; the kernel stops what it started for itself."""
+    code = ("import sys, time; from pathlib import Path; from llmopt.engine import vllm; "
+            "s = vllm.start_server(['sleep', '120'], {}, Path(sys.argv[1]), '127.0.0.1', 1, dies_with_caller=sys.argv[2] == '1'); "
+            "print(s.pid, flush=True); time.sleep(120)")
+    started = {}
+    for dies in ("1", "0"):
+        deployer = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"{dies}.log"), dies], stdout=subprocess.PIPE, text=True)
+        started[dies] = psutil.Process(int(deployer.stdout.readline()))
+        deployer.kill()
+        deployer.wait()
+    try:
+        deadline = time.monotonic() + 10
+        while started["1"].is_running() and started["1"].status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not started["1"].is_running() or started["1"].status() == psutil.STATUS_ZOMBIE
+        assert started["0"].is_running(), "a deployed endpoint outlives `llmopt deploy`"
+    finally:
+        started["0"].kill()

@@ -4,16 +4,18 @@ ranked on equal work, resumed after a kill, kept as configurations that deploy."
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import llmopt
-from llmopt import client, recipe, sources
+from llmopt import client, endpoints, recipe, sources
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
@@ -91,15 +93,29 @@ def test_recommend_end_to_end_resumed_after_a_kill(smol: sources.Model, baseline
         cli = subprocess.Popen([sys.executable, "-c", "from llmopt.cli import main; main()", *args, "--output",
                                 str(tmp_path / "first"), "--executor", "ray", "--ray-address", ray_head], stdout=out, stderr=out)
     state = started.folder / "recommendation.json"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
+
+    def serving_the_second() -> endpoints.Endpoint | None:
+        """The killed run's own server for its second candidate, read as recorded (a read through
+        the SDK would reconcile the record and stop the server itself)."""
         saved = search.Recommendation.model_validate_json(state.read_text()) if state.exists() else None
-        if saved and any(c.status == "done" for c in saved.candidates):
-            break
-        assert cli.poll() is None, f"recommend exited ({cli.returncode}) before its first candidate: {log.read_text()[-3000:]}"
-        time.sleep(1)
+        if not saved or not any(c.status == "done" for c in saved.candidates):
+            return None
+        return next((e for e in endpoints.ENDPOINTS.select() if e.deployer_pid == cli.pid and e.temporary
+                     and e.status == endpoints.READY), None)
+
+    deadline = time.monotonic() + 900
+    while (second := serving_the_second()) is None and time.monotonic() < deadline:
+        assert cli.poll() is None, f"recommend exited ({cli.returncode}) before its second candidate: {log.read_text()[-3000:]}"
+        time.sleep(0.5)
+    assert second is not None, log.read_text()[-3000:]
     cli.send_signal(signal.SIGKILL)
     cli.wait()
+    # the kernel stops what the killed run served for itself (the server and its engine core),
+    # before anything reads its record
+    deadline = time.monotonic() + 120
+    while _group(second.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _group(second.pid), "a server deployed for the killed run outlived it"
     killed = search.Recommendation.model_validate_json(state.read_text())
     done_first = [c.name for c in killed.candidates if c.status == "done"]
     assert done_first == ["bf16"], log.read_text()[-3000:]
@@ -128,6 +144,18 @@ def test_recommend_end_to_end_resumed_after_a_kill(smol: sources.Model, baseline
         assert client.chat(endpoint.url, endpoint.served_name, "Say hi.", max_tokens=4).completion_tokens > 0
     again = run_cli(*args, "--output", str(tmp_path / "third"), timeout=300)
     assert again.returncode == 0 and "candidate " not in again.stderr, "a finished run is not run again"
+
+
+def _group(pgid: int | None) -> list[int]:
+    """The live processes of a process group."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
 
 
 def test_configs_list_and_refusals(smol: sources.Model, tmp_path: Path) -> None:

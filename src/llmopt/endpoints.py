@@ -47,7 +47,7 @@ class Endpoint(BaseModel):
     start: compile_cache.Start | None = None  # served from the compile cache, or compiled
     deployer_pid: int | None = None  # the process waiting for readiness: a start it does not see through is orphaned
     deployer_create_time: float | None = None
-    temporary: bool = False  # deployed for one run (an evaluation): it goes when the process that deployed it does
+    temporary: bool = False  # deployed for one run (an evaluation): it goes when the process that deployed it does (the kernel's parent-death signal, and the record's reconciling)
     verified: dict[str, Any] = Field(default_factory=dict)  # what each technique proved after the start
     api_key: str | None = Field(None, repr=False)  # kept in the owner-only database, never shown
 
@@ -138,7 +138,8 @@ def launch(
             endpoint.environment = env = {**env, **cache.entry.env}
             argv = vllm.server_argv(model_path, engine, served_name, host, port, trust_remote_code, chat_template,
                                     guarded=api_key is not None or not has_chat)
-            server = vllm.start_server(argv, env, log_path, host, port, secret_env=vllm.secret_env(api_key))
+            server = vllm.start_server(argv, env, log_path, host, port, secret_env=vllm.secret_env(api_key),
+                                       dies_with_caller=temporary)
             ENDPOINTS.update(name, pid=server.pid, pid_create_time=server.create_time, environment=env)
             endpoint.pid, endpoint.pid_create_time = server.pid, server.create_time
             server.wait_ready(timeout_s, endpoint.headers)

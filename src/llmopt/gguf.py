@@ -26,10 +26,9 @@ class TokenizerRules(BaseModel):
     chat_template: str | None = None
 
 
-def tokenizer_rules(path: Path) -> TokenizerRules:
+def tokenizer_rules(reader: Any) -> TokenizerRules:
+    """The rules in a parsed GGUF (a `gguf.GGUFReader`: parsing a 49k-token vocabulary takes seconds, so once)."""
     import gguf as gguf_lib
-
-    reader = gguf_lib.GGUFReader(str(path))
 
     def value(key: str) -> Any:
         field = reader.fields.get(key)
@@ -84,8 +83,9 @@ def apply_rules(folder: Path, rules: TokenizerRules) -> None:
         (folder / "chat_template.jinja").write_text(rules.chat_template)
 
 
-def check(path: Path) -> None:
-    """Parse the header and tensor table, and make sure every tensor's data lies inside the file."""
+def check(path: Path) -> Any:
+    """Parse the header and tensor table, and make sure every tensor's data lies inside the file;
+    the parsed file (a `gguf.GGUFReader`)."""
     import gguf as gguf_lib
 
     try:
@@ -105,6 +105,7 @@ def check(path: Path) -> None:
             )
     if not reader.tensors:
         raise LlmoptError(f"'{path}' holds no tensors", "import the GGUF file that holds the model's weights")
+    return reader
 
 
 def concatenate(parts: list[Path], dest: Path) -> Path:
@@ -130,7 +131,7 @@ def to_hf_folder(gguf_path: Path, dest: Path) -> TokenizerRules:
 
     hf_logging.disable_progress_bar()
 
-    check(gguf_path)
+    rules = tokenizer_rules(check(gguf_path))
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -148,6 +149,5 @@ def to_hf_folder(gguf_path: Path, dest: Path) -> TokenizerRules:
         del model.config.quantization_config
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
-    rules = tokenizer_rules(gguf_path)
     apply_rules(dest, rules)
     return rules

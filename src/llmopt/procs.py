@@ -6,9 +6,12 @@ the engine or worker it once was.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
 import time
+from typing import Callable
 
 import psutil
 
@@ -140,3 +143,24 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def dies_with_this_process() -> Callable[[], None] | None:
+    """A `preexec_fn` for a child that must not outlive the process starting it, even one killed
+    outright (SIGKILL, the OOM killer: nothing of llmopt's runs then): the kernel sends the child
+    SIGTERM when its parent goes. Linux only; elsewhere None (records still reconcile it).
+    The libc call is looked up here, before the fork, so the child runs nothing but the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from llmopt import procs
+from llmopt import paths, procs
 from llmopt.engine import guard, platform
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
@@ -235,12 +235,25 @@ def shell_command(argv: list[str], env: dict[str, str]) -> str:
 
 def attention_head_sizes(hw: platform.Hardware) -> list[int] | None:
     """The head sizes vLLM's attention takes on this device; None where llmopt knows no limit. On
-    CPU an unsupported one passes the engine's start and kills it at the first request."""
+    CPU an unsupported one passes the engine's start and kills it at the first request.
+
+    Asking vLLM means importing its attention backend, about 9 s on two cores, before every job
+    and deploy; the answer is kept per installed engine version in the llmopt home instead."""
     if hw.device != "cpu":
         return None
+    kept = paths.home() / "engine-facts" / f"{'-'.join(engine_name_version())}-cpu-attention-head-sizes.json"
+    try:
+        return [int(size) for size in json.loads(kept.read_text())]
+    except (OSError, ValueError, TypeError):
+        pass
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    return list(CPUAttentionBackend.get_supported_head_sizes())
+    sizes = [int(size) for size in CPUAttentionBackend.get_supported_head_sizes()]
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.with_name(f".{kept.name}.{os.getpid()}")
+    partial.write_text(json.dumps(sizes))
+    partial.replace(kept)
+    return sizes
 
 
 def kernels(log_text: str) -> dict[str, str]:
@@ -326,9 +339,11 @@ class ServerProcess:
 
 
 def start_server(argv: list[str], env: dict[str, str], log_path: Path, host: str, port: int,
-                 own_session: bool = True, secret_env: dict[str, str] | None = None) -> ServerProcess:
+                 own_session: bool = True, secret_env: dict[str, str] | None = None,
+                 dies_with_caller: bool = False) -> ServerProcess:
     """Start the server. With `own_session=False` it stays in the caller's process group, so
-    stopping the caller (a job's worker) stops the engine too. `secret_env` reaches the process
+    stopping the caller (a job's worker) stops the engine too; `dies_with_caller` stops it when the
+    caller dies, however it dies (a server deployed for one run). `secret_env` reaches the process
     but not its log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
@@ -341,6 +356,7 @@ def start_server(argv: list[str], env: dict[str, str], log_path: Path, host: str
             stderr=subprocess.STDOUT,
             env={**os.environ, **env, **(secret_env or {})},
             start_new_session=own_session,
+            preexec_fn=procs.dies_with_this_process() if dies_with_caller else None,
         )
     return ServerProcess(popen.pid, procs.create_time(popen.pid), host, port, log_path, popen)
 

@@ -44,7 +44,7 @@ def served(ctx: BuildContext, model_path: str, engine: EngineConfig, purpose: st
         port = vllm.free_port(host)
         env = {**vllm.environment(config, ctx.hardware), **cache.entry.env}
         server = vllm.start_server(vllm.server_argv(model_path, config, SERVED_NAME, host, port), env, log_path, host, port,
-                                   own_session=False)
+                                   own_session=False, dies_with_caller=True)
         try:
             server.wait_ready(READY_TIMEOUT_S)
             ready = round(time.monotonic() - started, 2)
