@@ -19,7 +19,6 @@ Writes benchmarks/results/roofline.json.
 from __future__ import annotations
 
 import json
-import struct
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 import llmopt
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
+from llmopt.roofline import Rates, bound_tokens_per_s, traffic
 
 MODEL = "smollm2-135m-instruct"
 KINDS = {"bf16": "baseline", "SmoothQuant W8A8": "smoothquant", "AWQ W4A16": "awq", "block FP8": "fp8-block"}
@@ -38,7 +38,6 @@ CASES = {  # name: (prompt tokens, concurrency, requests)
     "b16 short": (16, 16, 32),
 }
 RESULTS = Path(__file__).parent / "results" / "roofline.json"
-DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I8": 1, "U8": 1, "I32": 4, "F8_E4M3": 1, "I64": 8}
 
 
 def _best_seconds(run, repeats: int = 7) -> float:
@@ -71,50 +70,6 @@ def machine_rates() -> dict[str, float | None]:
             "int8_gflop_s": round(int8, 1) if int8 else None}
 
 
-def _tensors(folder: Path) -> dict[str, dict]:
-    found = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with path.open("rb") as f:
-            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-        found.update({k: v for k, v in header.items() if k != "__metadata__"})
-    return found
-
-
-def weight_traffic(folder: Path) -> dict[str, float]:
-    """Bytes one decode step reads, and the multiply-adds per token by operand precision."""
-    config = json.loads((folder / "config.json").read_text())
-    tensors = _tensors(folder)
-    streamed, macs_int8, macs_bf16 = 0.0, 0.0, 0.0
-    for name, info in tensors.items():
-        size = info["data_offsets"][1] - info["data_offsets"][0]
-        if "embed_tokens" in name:
-            streamed += size / info["shape"][0]  # one row per token
-            if config.get("tie_word_embeddings") and not any("lm_head" in k for k in tensors):
-                streamed += size  # the lm_head is the embedding matrix, read in full
-                macs_bf16 += info["shape"][0] * info["shape"][1]
-            continue
-        streamed += size
-        if name.endswith("weight") and len(info["shape"]) == 2 and "norm" not in name:
-            if info["dtype"] == "I8":
-                macs_int8 += info["shape"][0] * info["shape"][1]
-            elif info["dtype"] in ("BF16", "F16", "F32", "F8_E4M3"):
-                macs_bf16 += info["shape"][0] * info["shape"][1]
-        elif name.endswith("weight_packed"):  # AWQ: 8 int4 values per int32, dequantized to bf16
-            macs_bf16 += info["shape"][0] * info["shape"][1] * 8
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    kv_per_position = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2  # K and V, bf16
-    return {"weights": streamed, "kv_per_position": kv_per_position, "macs_int8": macs_int8, "macs_bf16": macs_bf16}
-
-
-def bound_tokens_per_s(traffic: dict[str, float], rates: dict, batch: int, context: int) -> tuple[float, str]:
-    """The roofline: a step reads the weights once and each sequence's KV cache, and does each
-    sequence's multiply-adds; its time is the larger of the two."""
-    memory_s = (traffic["weights"] + batch * context * traffic["kv_per_position"]) / (rates["read_gb_s"] * 1e9)
-    int8_rate = rates["int8_gflop_s"] or rates["bf16_gflop_s"]
-    compute_s = batch * 2 * (traffic["macs_int8"] / (int8_rate * 1e9) + traffic["macs_bf16"] / (rates["bf16_gflop_s"] * 1e9))
-    return batch / max(memory_s, compute_s), "memory" if memory_s >= compute_s else "compute"
-
-
 def achieved(folder: Path) -> dict[str, float]:
     """Decode tokens/s per case, from the median time per output token of fixed-length requests."""
     speeds = {}
@@ -144,12 +99,13 @@ def main() -> None:
         if job.artifact is None:
             raise SystemExit(f"{kind}: job {job.name} ended {job.status}: {job.record.failure_reason}")
         folder = Path(job.artifact)
-        traffic = weight_traffic(folder)
-        print(f"{kind}: {traffic['weights'] / 1e6:.1f} MB per token", flush=True)
+        found = traffic(folder)
+        print(f"{kind}: {found.weights_bytes / 1e6:.1f} MB per token", flush=True)
         speeds = achieved(folder)
-        row = {"kind": kind, "artifact": folder.name, "mb_per_token": round(traffic["weights"] / 1e6, 1), "cases": {}}
+        row = {"kind": kind, "artifact": folder.name, "mb_per_token": round(found.weights_bytes / 1e6, 1), "cases": {}}
         for case, (prompt, concurrency, _) in CASES.items():
-            bound, limit = bound_tokens_per_s(traffic, rates, concurrency, prompt + OUTPUT_TOKENS // 2)
+            bound, limit = bound_tokens_per_s(found, Rates(rates["read_gb_s"], rates["bf16_gflop_s"], rates["int8_gflop_s"]),
+                                              concurrency, prompt + OUTPUT_TOKENS // 2)
             row["cases"][case] = {"achieved_tok_s": round(speeds[case], 1), "bound_tok_s": round(bound, 1), "limited_by": limit,
                                   "fraction": round(speeds[case] / bound, 3)}
         rows.append(row)

@@ -56,6 +56,8 @@ def test_baseline_completes_with_a_correct_manifest(baseline: llmopt.Job, smol: 
     assert 5 < metrics.perplexity.perplexity < 100 and metrics.perplexity.tokens > 1000
     assert metrics.ready_seconds > 0 and len(metrics.greedy_tokens) == 4
     assert metrics.size_bytes == metrics.source_size_bytes == smol.size_bytes
+    weights = (path / "model.safetensors").stat().st_size  # every tensor once, the tied embeddings as the lm_head
+    assert weights * 0.99 < metrics.weights_read_per_token_bytes < weights * 1.01
     # the weights are the source's, bit for bit, and the artifact is frozen
     assert hashing.file_sha256(path / "model.safetensors") == hashing.file_sha256(Path(smol.path) / "model.safetensors")
     assert all(not (p.stat().st_mode & 0o222) for p in path.iterdir())

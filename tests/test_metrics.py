@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from llmopt import roofline, sources
 from llmopt.engine import metrics as engine_metrics
 from llmopt.evaluation import compare, levels, metrics, pricing, workload
 from llmopt.evaluation.loadgen import LevelRun, RequestRecord
@@ -161,3 +164,33 @@ def test_equal_work_replays_the_reference_lengths() -> None:
     assert [r.max_tokens for r in fixed.requests] == [30, 12, 7] and fixed.ignore_eos
     assert [r.messages for r in fixed.requests] == [r.messages for r in work.requests]
     assert work.with_lengths({0: 5}).requests[2].max_tokens == 5  # a prompt the reference never ran: the median
+
+
+def test_a_ratio_and_its_reciprocal_get_reciprocal_intervals() -> None:
+    """Throughput 1.103x and price per token 0.907x from one CI run of a model against its own copy:
+    the noise floor made the first span 1 and not the second, so one ratio said 'no difference'
+    and the other 'cheaper'."""
+    rng = np.random.default_rng(0)
+    ratios = np.exp(rng.normal(0.0, 0.01, 1000))
+    for point in (1.103, 0.8, 1.5):
+        low, high = compare._interval(point, point * ratios, 8)
+        r_low, r_high = compare._interval(1 / point, 1 / (point * ratios), 8)
+        assert r_low == pytest.approx(1 / high) and r_high == pytest.approx(1 / low)
+    low, high = compare._interval(1.103, 1.103 * ratios, 8)
+    assert low < 1 < high and compare._interval(1 / 1.103, ratios / 1.103, 8)[1] > 1
+
+
+def test_what_a_decode_step_reads_and_where_it_is_bound(smol: sources.Model) -> None:
+    """SmolLM2 ties its embeddings: a step reads every tensor once (the embedding matrix as the
+    lm_head) plus one embedding row; a single sequence is bound by memory, a large batch by compute."""
+    folder = Path(smol.path)
+    tensors = roofline.tensors(folder)
+    sizes = {name: info["data_offsets"][1] - info["data_offsets"][0] for name, info in tensors.items()}
+    [embed] = [name for name in tensors if "embed_tokens" in name]
+    found = roofline.traffic(folder)
+    assert found.weights_bytes == sum(sizes.values()) + sizes[embed] // tensors[embed]["shape"][0]
+    assert found.kv_bytes_per_position == 2 * 30 * 3 * 64 * 2  # K and V, 30 layers, 3 KV heads of 64, bf16
+    rates = roofline.Rates(read_gb_s=20.0, bf16_gflop_s=800.0)
+    one, limit_one = roofline.bound_tokens_per_s(found, rates, batch=1, context=0)
+    assert limit_one == "memory" and one == pytest.approx(20e9 / found.weights_bytes)
+    assert roofline.bound_tokens_per_s(found, rates, batch=64, context=0)[1] == "compute"

@@ -82,7 +82,10 @@ def test_scheme_end_to_end(quantized, baseline: llmopt.Job, smol: sources.Model)
         assert "quantization_config" not in config and manifest.engine.settings.kv_cache_dtype == "fp8"
 
     # the quality cost, against the source's perplexity that the baseline job measured
-    base = artifact.verify(baseline.artifact).metrics.perplexity
+    base_metrics = artifact.verify(baseline.artifact).metrics
+    read, base_read = metrics.weights_read_per_token_bytes, base_metrics.weights_read_per_token_bytes
+    assert read < 0.7 * base_read if quantizes else read == base_read  # what decoding reads per token
+    base = base_metrics.perplexity
     assert metrics.perplexity_base == base
     increase = metrics.perplexity.perplexity / base.perplexity - 1
     assert metrics.perplexity_increase == pytest.approx(increase, abs=1e-4)

@@ -283,6 +283,24 @@ def test_an_evaluation_runs_its_worker_as_a_ray_job_and_its_record_follows_ray(f
     assert died.status == runs.FAILED and dying in (died.failure_reason or "") and "exit code 1" in (died.failure_reason or "")
 
 
+def test_evaluation_records_end_as_job_records_do(fake_ray: FakeRay, tmp_path: Path) -> None:
+    """Through the same executors: a dead local worker is FAILED with the reason; a Ray job stopped
+    from outside llmopt is STOPPED and keeps Ray's account of it."""
+    now = time.time()
+    runs.EVALUATIONS.insert(runs.EvaluationRecord(name="local-eval-dead", arguments={}, output_dir=str(tmp_path),
+                                                  status=runs.INPROGRESS, log_path=str(tmp_path / "l.log"), pid=2**22 + 9,
+                                                  pid_create_time=1.0, created_at=now))
+    dead = llmopt.get_evaluation("local-eval-dead")
+    assert dead.status == runs.FAILED and "died without finishing" in (dead.failure_reason or "") and fake_ray.addresses == []
+    sid = ray_executor.submission_id("ray-eval-outside", "evaluation")
+    runs.EVALUATIONS.insert(runs.EvaluationRecord(name="ray-eval-outside", arguments={}, output_dir=str(tmp_path),
+                                                  status=runs.INPROGRESS, log_path=str(tmp_path / "r.log"), executor="ray",
+                                                  ray_address=ADDRESS, ray_submission_id=sid, created_at=now))
+    fake_ray.statuses[sid] = "STOPPED"  # `ray job stop`, say: llmopt never asked
+    outside = llmopt.get_evaluation("ray-eval-outside")
+    assert outside.status == runs.STOPPED and sid in (outside.failure_reason or "") and "stopped" in (outside.failure_reason or "")
+
+
 def test_a_local_job_never_asks_ray(fake_ray: FakeRay, tmp_path: Path) -> None:
     store.JOBS.insert(store.JobRecord(name="local-dead", source="x", recipe={}, status=store.INPROGRESS, log_path="/dev/null",
                                       output_dir=None, pid=2**22 + 7, pid_create_time=1.0, created_at=time.time()))

@@ -77,6 +77,9 @@ class _Metrics(Measurements):
     size_bytes: int
     source_size_bytes: int
     peak_rss_bytes: int
+    # weights one decode step reads per generated token at batch 1 (the KV cache not counted):
+    # over this machine's read bandwidth, the bound on decode tokens/s (benchmarks/roofline.py)
+    weights_read_per_token_bytes: int | None = None
 
 
 ArtifactMetrics = create_model(  # the measure step's findings, and each technique's own record

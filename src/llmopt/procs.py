@@ -6,12 +6,11 @@ the engine or worker it once was.
 
 from __future__ import annotations
 
-import ctypes
 import os
+import shutil
 import signal
 import sys
 import time
-from typing import Callable
 
 import psutil
 
@@ -145,22 +144,15 @@ def _reap(pid: int) -> None:
         pass
 
 
-PR_SET_PDEATHSIG = 1
+def dying_with_caller(argv: list[str]) -> list[str]:
+    """`argv` made to end when the process starting it dies, even killed outright (SIGKILL, the
+    OOM killer: nothing of llmopt's runs then): util-linux's `setpriv --pdeathsig TERM` asks the
+    kernel to send it SIGTERM then, and the setting survives its exec. Where `setpriv` is missing
+    `argv` is as it was (records still reconcile it). An exec wrapper, not a `preexec_fn`: Python
+    code between fork and exec can deadlock in a process with threads, as the studio is.
 
-
-def dies_with_this_process() -> Callable[[], None] | None:
-    """A `preexec_fn` for a child that must not outlive the process starting it, even one killed
-    outright (SIGKILL, the OOM killer: nothing of llmopt's runs then): the kernel sends the child
-    SIGTERM when its parent goes. Linux only; elsewhere None (records still reconcile it).
-    The libc call is looked up here, before the fork, so the child runs nothing but the call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the line above
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
+    Linux ties the signal to the *thread* that forks: start such a child from a thread that lives
+    as long as the child should (the studio runs a recommendation's deploys, loads and stops in
+    one thread)."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv

@@ -18,6 +18,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from llmopt.errors import LlmoptError
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEFAULT_HOST = "127.0.0.1"
 LOG_TAIL_LINES = 25
+CPU_ATTENTION_FILE = "vllm/v1/attention/backends/cpu_attn.py"
 ARTIFACT_RELATIVE = "./"  # a path in settings that lies inside the artifact being served
 KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)$", re.MULTILINE)
 CHUNK_BUDGET_LINE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
@@ -238,21 +240,33 @@ def attention_head_sizes(hw: platform.Hardware) -> list[int] | None:
     CPU an unsupported one passes the engine's start and kills it at the first request.
 
     Asking vLLM means importing its attention backend, about 9 s on two cores, before every job
-    and deploy; the answer is kept per installed engine version in the llmopt home instead."""
+    and deploy; the answer is kept in the llmopt home instead, under the engine's version and the
+    backend file's size and modification time (a rebuilt engine of the same version asks again)."""
     if hw.device != "cpu":
         return None
-    kept = paths.home() / "engine-facts" / f"{'-'.join(engine_name_version())}-cpu-attention-head-sizes.json"
+    dist, version = engine_name_version()
+    backend = Path(md.distribution(dist).locate_file(CPU_ATTENTION_FILE))
     try:
-        return [int(size) for size in json.loads(kept.read_text())]
+        stamp = f"{backend.stat().st_size}-{backend.stat().st_mtime_ns}"
+    except OSError:
+        stamp = "unknown"
+    kept = paths.home() / "engine-facts" / f"{dist}-{version}-{stamp}-cpu-attention-head-sizes.json"
+    try:
+        sizes = [int(size) for size in json.loads(kept.read_text())]
+        if sizes:
+            return sizes
     except (OSError, ValueError, TypeError):
         pass
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     sizes = [int(size) for size in CPUAttentionBackend.get_supported_head_sizes()]
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    partial = kept.with_name(f".{kept.name}.{os.getpid()}")
-    partial.write_text(json.dumps(sizes))
-    partial.replace(kept)
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=kept.parent, prefix=f".{kept.name}.", delete=False) as partial:
+            partial.write(json.dumps(sizes))
+        os.replace(partial.name, kept)
+    except OSError:
+        pass  # a home that cannot take it asks vLLM again next time
     return sizes
 
 
@@ -350,13 +364,12 @@ def start_server(argv: list[str], env: dict[str, str], log_path: Path, host: str
         log.write(f"$ {shell_command(argv, env)}\n".encode())
         log.flush()
         popen = subprocess.Popen(
-            argv,
+            procs.dying_with_caller(argv) if dies_with_caller else argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **env, **(secret_env or {})},
             start_new_session=own_session,
-            preexec_fn=procs.dies_with_this_process() if dies_with_caller else None,
         )
     return ServerProcess(popen.pid, procs.create_time(popen.pid), host, port, log_path, popen)
 

@@ -40,12 +40,13 @@ def _t975(df: int) -> float:
 def _interval(point: float, ratios: np.ndarray, n: int) -> tuple[float, float]:
     """A 95% interval on the log scale: the bootstrap's spread, corrected for few requests (the
     plain percentile interval of a bootstrap is too narrow at the 8-30 requests of a level), and
-    never narrower than the noise between deployments."""
+    never narrower than the noise between deployments, on the log scale too: a ratio and its
+    reciprocal (throughput and price per token) get reciprocal intervals, so both say the same."""
     low = high = point
     if len(ratios) and n > 2:
         spread = float(np.std(np.log(ratios))) * (n / (n - 1)) ** 0.5 * _t975(n - 1)
         low, high = point * float(np.exp(-spread)), point * float(np.exp(spread))
-    return min(low, point * (1 - NOISE)), max(high, point * (1 + NOISE))
+    return min(low, point * (1 - NOISE)), max(high, point / (1 - NOISE))
 
 
 def _per_prompt(level: Level, prompts: list[int], value: Callable[[RequestSample], float | None],

@@ -16,14 +16,12 @@ from pydantic import BaseModel, Field
 from llmopt import executors, paths, procs, records
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
+from llmopt.executors.base import ACTIVE, COMPLETED, FAILED, INPROGRESS, STARTING, STATUSES, STOPPED, STOPPING
 from llmopt.evaluation import benchmark
 from llmopt.evaluation.levels import Events, Plan
 from llmopt.evaluation.pricing import HardwareProfile
 from llmopt.evaluation.results import EvaluationResults
 
-STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED = "STARTING", "INPROGRESS", "COMPLETED", "FAILED", "STOPPING", "STOPPED"
-STATUSES = (STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED)
-ACTIVE = (STARTING, INPROGRESS, STOPPING)
 PROGRESS_EVERY_S = 1.0  # progress reaches the record at most this often: a live page reads it, never faster
 
 
@@ -172,19 +170,22 @@ def _own_session(pid: int) -> bool:
 
 
 def _reconcile(record: EvaluationRecord) -> EvaluationRecord:
+    """An active record whose process ended without recording it: FAILED with the reason, or
+    STOPPED (a stop asked for, or one from outside, which keeps the executor's reason). A Ray run
+    is asked of Ray; a local one is only checked, never signalled: a foreground run's pid is its
+    caller's (a notebook, a shell pipeline), whose process group is not llmopt's to clean up."""
     if record.status not in ACTIVE:
         return record
-    if record.executor != "local":
-        ended = executors.of(record).ended(record)
-        if ended is None:
-            return record
-        status = STOPPED if record.status == STOPPING or ended.stopped else FAILED
-        reason = None if status == STOPPED else ended.reason
-    else:
-        lost = procs.lost(record.pid, record.pid_create_time, record.created_at)
-        if lost is None:
-            return record
-        status = STOPPED if record.status == STOPPING else FAILED
-        reason = None if status == STOPPED else f"the evaluation's process {'was never started' if lost == 'never started' else 'died'}; see {record.log_path}"
-    EVALUATIONS.update(record.name, status=status, failure_reason=reason, ended_at=time.time())
-    return record.model_copy(update={"status": status, "failure_reason": reason})
+    ended = _local_end(record) if record.executor == "local" else executors.of(record).ended(record)
+    if ended is None:
+        return record
+    return executors.settle(EVALUATIONS, record.name, ended) or EVALUATIONS.get(record.name) or record
+
+
+def _local_end(record: EvaluationRecord) -> executors.Ended | None:
+    lost = procs.lost(record.pid, record.pid_create_time, record.created_at)
+    if lost is None:
+        return None
+    if record.pid is None:
+        return executors.Ended("the worker was never started (the process creating it died)")
+    return executors.Ended(f"process {record.pid} died without finishing; see {record.log_path}")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from llmopt.errors import LlmoptError
 from llmopt.executors import local, ray
-from llmopt.executors.base import STOP_GRACE_S, Ended, Executor, Resources, Worker
+from llmopt.executors.base import ACTIVE, STATUSES, STOP_GRACE_S, Ended, Executor, Resources, Worker, settle
 
 NAMES = ("local", "ray")
 
-__all__ = ["NAMES", "STOP_GRACE_S", "Ended", "Executor", "Resources", "Worker", "choose", "of"]
+__all__ = ["ACTIVE", "NAMES", "STATUSES", "STOP_GRACE_S", "Ended", "Executor", "Resources", "Worker", "choose", "of", "settle"]
 
 
 def choose(name: str, ray_address: str | None = None) -> Executor:

@@ -6,12 +6,21 @@ when it ended without recording that itself, so reading a record tells a dead wo
 from __future__ import annotations
 
 import sys
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
+
+from llmopt import records
 
 STOP_GRACE_S = 30.0  # from SIGTERM to SIGKILL: time for the worker to remove its work folder and record STOPPED
+# A worker's record, a job's or an evaluation's alike, is in one of these.
+STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED = (
+    "STARTING", "INPROGRESS", "COMPLETED", "FAILED", "STOPPING", "STOPPED",
+)
+STATUSES = (STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED)
+ACTIVE = (STARTING, INPROGRESS, STOPPING)
 
 
 class Worker(Protocol):
@@ -72,3 +81,19 @@ Kind = Literal["job", "evaluation"]
 def worker_command(name: str, kind: Kind = "job") -> list[str]:
     """The worker's command line for a recorded job or evaluation, the same under every executor."""
     return [sys.executable, "-m", WORKERS[kind], name]
+
+
+def settle(table: records.Table, name: str, ended: Ended) -> Any:
+    """Record how a worker ended without recording it: FAILED with the executor's reason, or
+    STOPPED (a stop llmopt asked for needs no reason; one from outside keeps the executor's).
+    Read and written in one transaction, so an end the worker recorded meanwhile stands (then
+    None). The record as it now is."""
+    with table.transaction() as conn:
+        latest = table.read(conn, name)
+        if latest is None or latest.status not in ACTIVE:
+            return None
+        stopping = latest.status == STOPPING
+        fields = {"status": STOPPED if stopping or ended.stopped else FAILED,
+                  "failure_reason": None if stopping else ended.reason, "ended_at": time.time()}
+        table.write(conn, name, **fields)
+    return latest.model_copy(update=fields)

@@ -33,6 +33,6 @@ class LocalExecutor(Executor):
         if lost is None:
             return None
         if worker.pid is None:
-            return Ended("the job's worker was never started (the creating process died)")
+            return Ended("the worker was never started (the process creating it died)")
         procs.kill_group(worker.pid, worker.pid_create_time)  # an engine the dead worker started shares its group
         return Ended(f"worker process {worker.pid} died without finishing; see {worker.log_path}")

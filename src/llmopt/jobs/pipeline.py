@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from llmopt import artifact, hashing, techniques
+from llmopt import artifact, hashing, roofline, techniques
 from llmopt.engine import platform, vllm
 from llmopt.sources import Model
 from llmopt.techniques import measure, package
@@ -93,6 +93,7 @@ def build(
         size_bytes=sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file()),
         source_size_bytes=source.size_bytes,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        weights_read_per_token_bytes=roofline.traffic(workdir).weights_bytes or None,
     )
     manifest = artifact.Manifest(
         name=name,

@@ -5,7 +5,6 @@ worker still runs (a local process's pid, or Ray's status of the Ray job)."""
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +12,10 @@ from pydantic import BaseModel, Field
 
 from llmopt import executors, locations, paths, records
 from llmopt.errors import LlmoptError
-
-STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED = (
-    "STARTING", "INPROGRESS", "COMPLETED", "FAILED", "STOPPING", "STOPPED",
+from llmopt.executors.base import (  # noqa: F401 (the statuses, read as store.FAILED and so on)
+    ACTIVE, COMPLETED, FAILED, INPROGRESS, STARTING, STATUSES, STOPPED, STOPPING,
 )
-STATUSES = (STARTING, INPROGRESS, COMPLETED, FAILED, STOPPING, STOPPED)
-ACTIVE = (STARTING, INPROGRESS, STOPPING)
+
 
 
 class StepProgress(BaseModel):
@@ -142,14 +139,9 @@ def _reconcile(record: JobRecord) -> JobRecord:
     ended = executors.of(record).ended(record)
     if ended is None:
         return record
-    now = time.time()
-    with JOBS.transaction() as conn:
-        latest = JOBS.read(conn, record.name)
-        if latest is None or latest.status not in ACTIVE:
-            return latest or record  # the worker recorded its end after all, while it was being asked about
-        status = STOPPED if latest.status == STOPPING or ended.stopped else FAILED
-        failure = None if latest.status == STOPPING else ended.reason  # a stop llmopt asked for needs no reason
-        JOBS.write(conn, record.name, status=status, failure_reason=failure, ended_at=now)
+    settled = executors.settle(JOBS, record.name, ended)
+    if settled is None:  # the worker recorded its end after all, while it was being asked about
+        return JOBS.get(record.name) or record
     if record.workdir is not None:
         shutil.rmtree(record.workdir, ignore_errors=True)
-    return latest.model_copy(update={"status": status, "failure_reason": failure, "ended_at": now})
+    return settled

@@ -156,14 +156,20 @@ def run(rec: Recommendation, events: Events = lambda *a, **k: None) -> Recommend
                 _submit(rec, candidate)
             except LlmoptError as exc:
                 _failed(candidate, exc)
+        rec.save()
         submitted = [c for c in pending if c.status == "pending"]
-        events("building", jobs=[c.job for c in submitted], executor=rec.spec.executor)
+        if submitted:
+            events("building", jobs=[c.job for c in submitted], executor=rec.spec.executor)
         for candidate in submitted:
-            runner.Job(candidate.job or "").wait()
+            if runner.Job(candidate.job or "").wait().status != store.COMPLETED and candidate.name == REFERENCE:
+                _stop_builds(submitted[1:])  # nothing ranks without the reference; its measuring says why
+                break
     for candidate in (c for c in pending if c.status == "pending"):
         events("candidate", name=candidate.name, estimate_s=candidate.estimate_s)
         started = time.monotonic()
         try:
+            if rec.spec.executor == "local":
+                _submit(rec, candidate)
             _measure(rec, candidate, plan, events)
             candidate.status = "done"
         except LlmoptError as exc:
@@ -188,11 +194,21 @@ def _failed(candidate: Candidate, exc: LlmoptError) -> None:
     candidate.status, candidate.reason = "failed", exc.one_line()
 
 
+def _stop_builds(candidates: list[Candidate]) -> None:
+    for candidate in candidates:
+        try:
+            if candidate.job and store.get(candidate.job).status in store.ACTIVE:
+                runner.stop(candidate.job)
+        except LlmoptError:
+            continue  # ended meanwhile, or its cluster is not answering: it stays as it is
+
+
 def _submit(rec: Recommendation, candidate: Candidate) -> None:
-    """The candidate's job, through the spec's executor, unless a resumed run already has it (or
-    its worker died, killed with the run that started it: then a new one)."""
+    """The candidate's job, through the spec's executor, unless a resumed run already has it
+    (running, or built). One that ended without an artifact while no run watched it (its worker
+    lost with the machine or the cluster, or stopped) is built again."""
     earlier = store.load(candidate.job) if candidate.job else None
-    if earlier is None or (earlier.status == store.FAILED and earlier.pid is not None and "died" in (earlier.failure_reason or "")):
+    if earlier is None or earlier.status in (store.FAILED, store.STOPPED):
         job = runner.create(rec.spec.model, parse({"name": names.slug(candidate.name)[:30], **candidate.recipe}),
                             name=f"rec-{names.slug(candidate.name)[:40]}-{secrets.token_hex(3)}",
                             executor=rec.spec.executor, ray_address=rec.spec.ray_address)
@@ -201,9 +217,8 @@ def _submit(rec: Recommendation, candidate: Candidate) -> None:
 
 
 def _measure(rec: Recommendation, candidate: Candidate, plan: Plan, events: Events) -> None:
-    """The candidate's job, then one deployment of its artifact loaded at every level on equal work
-    (the reference first runs its natural outputs once, at the lowest level, to set the lengths)."""
-    _submit(rec, candidate)
+    """The candidate's built job, then one deployment of its artifact loaded at every level on equal
+    work (the reference first runs its natural outputs once, at the lowest level, to set the lengths)."""
     record = runner.Job(candidate.job or "").wait().record
     if record.status != store.COMPLETED:
         raise LlmoptError(f"its job ended {record.status}: {record.failure_reason}", f"see `llmopt jobs logs {record.name}`")
