@@ -153,6 +153,10 @@ def dying_with_caller(argv: list[str]) -> list[str]:
 
     Linux ties the signal to the *thread* that forks: start such a child from a thread that lives
     as long as the child should (the studio runs a recommendation's deploys, loads and stops in
-    one thread)."""
+    one thread). A caller that dies before the signal is armed is caught by a shell that checks,
+    once armed, that its parent is still the caller, and only then execs `argv`."""
     setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
+    if setpriv is None:
+        return argv
+    armed = f'[ "$PPID" = {os.getpid()} ] || exit 143; exec "$@"'
+    return [setpriv, "--pdeathsig", "TERM", "--", "/bin/sh", "-c", armed, "sh", *argv]
