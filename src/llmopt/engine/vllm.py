@@ -247,7 +247,8 @@ def attention_head_sizes(hw: platform.Hardware) -> list[int] | None:
     dist, version = engine_name_version()
     backend = Path(md.distribution(dist).locate_file(CPU_ATTENTION_FILE))
     try:
-        stamp = f"{backend.stat().st_size}-{backend.stat().st_mtime_ns}"
+        found = backend.stat()
+        stamp = f"{found.st_size}-{found.st_mtime_ns}"
     except OSError:
         stamp = "unknown"
     kept = paths.home() / "engine-facts" / f"{dist}-{version}-{stamp}-cpu-attention-head-sizes.json"

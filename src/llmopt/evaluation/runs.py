@@ -176,16 +176,8 @@ def _reconcile(record: EvaluationRecord) -> EvaluationRecord:
     caller's (a notebook, a shell pipeline), whose process group is not llmopt's to clean up."""
     if record.status not in ACTIVE:
         return record
-    ended = _local_end(record) if record.executor == "local" else executors.of(record).ended(record)
+    ended = executors.local.lost_end(record) if record.executor == "local" else executors.of(record).ended(record)
     if ended is None:
         return record
     return executors.settle(EVALUATIONS, record.name, ended) or EVALUATIONS.get(record.name) or record
 
-
-def _local_end(record: EvaluationRecord) -> executors.Ended | None:
-    lost = procs.lost(record.pid, record.pid_create_time, record.created_at)
-    if lost is None:
-        return None
-    if record.pid is None:
-        return executors.Ended("the worker was never started (the process creating it died)")
-    return executors.Ended(f"process {record.pid} died without finishing; see {record.log_path}")

@@ -29,10 +29,18 @@ class LocalExecutor(Executor):
             procs.stop_group(worker.pid, worker.pid_create_time, grace_s=STOP_GRACE_S)
 
     def ended(self, worker: Worker) -> Ended | None:
-        lost = procs.lost(worker.pid, worker.pid_create_time, worker.created_at)
-        if lost is None:
-            return None
-        if worker.pid is None:
-            return Ended("the worker was never started (the process creating it died)")
-        procs.kill_group(worker.pid, worker.pid_create_time)  # an engine the dead worker started shares its group
-        return Ended(f"worker process {worker.pid} died without finishing; see {worker.log_path}")
+        found = lost_end(worker)
+        if found is not None and worker.pid is not None:
+            procs.kill_group(worker.pid, worker.pid_create_time)  # an engine the dead worker started shares its group
+        return found
+
+
+def lost_end(worker: Worker) -> Ended | None:
+    """How a recorded local process ended without recording it, or None while it runs or may still
+    start; nothing is signalled (a foreground evaluation's pid is its caller's)."""
+    lost = procs.lost(worker.pid, worker.pid_create_time, worker.created_at)
+    if lost is None:
+        return None
+    if worker.pid is None:
+        return Ended("the worker was never started (the process creating it died)")
+    return Ended(f"worker process {worker.pid} died without finishing; see {worker.log_path}")

@@ -17,7 +17,6 @@ from llmopt.executors.base import (  # noqa: F401 (the statuses, read as store.F
 )
 
 
-
 class StepProgress(BaseModel):
     status: str = "pending"  # pending | running | done
     fraction: float = 0.0
