@@ -3,6 +3,7 @@ report in headless Chromium, and the failure paths (bad data, unreachable or dyi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -11,10 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 import llmopt
 from llmopt.engine.vllm import free_port
 from llmopt.errors import LlmoptError
+from llmopt.evaluation import loadgen, workload
 from llmopt.evaluation import stub as stub_server
 
 from conftest import assert_one_line_error, run_cli
@@ -72,6 +75,8 @@ def test_a_target_against_its_own_copy_is_no_measurable_difference(smol, baselin
     (level,) = row.levels
     for ratio in (level.requests_per_s, level.output_tokens_per_s, level.total_tokens_per_s, level.blended_price):
         assert ratio.leg == "equal work" and not ratio.measurable, ratio
+    for target in results.targets:  # each leg prefills from a cold prefix cache (a cached one took a sixth of the time)
+        assert target.equal_work[0].ttft_ms.p50 > 0.6 * target.levels[0].ttft_ms.p50, target.label
     assert row.perplexity_ratio == pytest.approx(1.0, abs=0.01)  # same weights, same engine
     assert row.greedy_agreement.token_agreement > 0.9
     assert "no measurable difference" in (out / "report.html").read_text()
@@ -122,6 +127,46 @@ def test_jsonl_with_malformed_lines(endpoint, tmp_path: Path) -> None:
 
 def test_unreachable_endpoint_is_a_clear_error() -> None:
     assert_one_line_error(run_cli("evaluate", "--url", f"http://127.0.0.1:{free_port()}"), "cannot reach")
+
+
+def test_each_level_gets_its_own_prefix_cache_salt_and_only_vllm_gets_one() -> None:
+    """A level's warm-up and measured requests share one salt; the next level (or leg) gets another,
+    so it cannot reuse prompts cached before it; a server that is not vLLM is sent no unknown field."""
+    work = workload.Workload("w", [workload.Request(({"role": "user", "content": f"q{i}"},), 2) for i in range(8)])
+    settings = loadgen.RunSettings(requests_per_level=4)
+
+    async def salts(vllm: bool) -> list[list[str | None]]:
+        seen: list[str | None] = []
+
+        @web.middleware
+        async def record(request: web.Request, handler):
+            if request.method == "POST":
+                seen.append((await request.json()).get("cache_salt"))
+            return await handler(request)
+
+        app = stub_server.make_app(2, 0.0)
+        app.middlewares.append(record)
+        if vllm:
+            app.router.add_get("/version", lambda _: web.json_response({"version": "0.32.0"}))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        found = []
+        try:
+            for concurrency in (1, 2):
+                seen.clear()
+                run = await loadgen.run_level(f"http://127.0.0.1:{port}", "stub", work, concurrency, settings, {})
+                assert len(run.records) == 4 and not any(r.error for r in run.records)
+                found.append(list(seen))
+        finally:
+            await runner.cleanup()
+        return found
+
+    first, second = asyncio.run(salts(vllm=True))
+    assert len(first) == 5 and len(set(first)) == 1 and first[0].startswith("llmopt-")  # one warm-up, four measured
+    assert len(second) == 6 and len(set(second)) == 1 and second[0] != first[0]
+    assert asyncio.run(salts(vllm=False)) == [[None] * 5, [None] * 6]
 
 
 @pytest.fixture()

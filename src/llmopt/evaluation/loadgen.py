@@ -4,12 +4,17 @@ The client records raw timestamps only (request start, each streamed chunk, end)
 happens afterwards in metrics.py, so the hot loop does as little as possible and the client is
 never the bottleneck (benchmarks/loadgen_client.py drives a stub stream at well over 20,000
 tokens/s on two cores).
+
+Every level starts from a cold prefix cache. vLLM keeps prompts it has seen; without a fresh
+`cache_salt` per level, a later level or leg replaying the same prompts measured cached prefill
+(time to first token 50 ms instead of 300 ms on SmolLM2) and compared unlike work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -65,7 +70,7 @@ class RunSettings:
     min_duration_s: float = 0.0  # with a request count: go on until this long has passed too
 
 
-def request_body(model: str, request: Request, workload: Workload) -> dict:
+def request_body(model: str, request: Request, workload: Workload, cache_salt: str | None = None) -> dict:
     body: dict = {
         "model": model,
         "messages": list(request.messages),
@@ -77,6 +82,8 @@ def request_body(model: str, request: Request, workload: Workload) -> dict:
     }
     if workload.ignore_eos:
         body.update(ignore_eos=True, min_tokens=request.max_tokens)
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     return body
 
 
@@ -132,14 +139,26 @@ async def _reachable(session: aiohttp.ClientSession, url: str) -> bool:
         return False
 
 
+async def _cache_salt(session: aiohttp.ClientSession, url: str) -> str | None:
+    """A fresh prefix-cache salt for a vLLM server (it answers /version); None for other servers,
+    which may refuse a field they do not know."""
+    try:
+        async with session.get(f"{url}/version", timeout=aiohttp.ClientTimeout(total=5)) as response:
+            found = await response.json(content_type=None) if response.status == 200 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+    return f"llmopt-{secrets.token_hex(8)}" if isinstance(found, dict) and "version" in found else None
+
+
 async def run_level(url: str, model: str, workload: Workload, concurrency: int, settings: RunSettings,
                     headers: dict[str, str], on_done=None) -> LevelRun:
     """Warm up, then keep `concurrency` requests in flight until the level's count or time is used."""
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+        salt = await _cache_salt(session, url)
         warmup = settings.warmup_requests if settings.warmup_requests is not None else concurrency
         if warmup:
-            await asyncio.gather(*(_send(session, url, request_body(model, r, workload), -1, settings.timeout_s)
+            await asyncio.gather(*(_send(session, url, request_body(model, r, workload, salt), -1, settings.timeout_s)
                                    for r in workload.take(warmup)))
         before = await _scrape(session, url)
         count = settings.requests_per_level if settings.duration_s is None else None
@@ -163,7 +182,7 @@ async def run_level(url: str, model: str, workload: Workload, concurrency: int, 
                     return
                 index = next_index
                 next_index += 1
-                record = await _send(session, url, request_body(model, plan[index % len(plan)], workload), index, settings.timeout_s)
+                record = await _send(session, url, request_body(model, plan[index % len(plan)], workload, salt), index, settings.timeout_s)
                 records.append(record)
                 if on_done is not None:
                     on_done(record)
