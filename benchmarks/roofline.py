@@ -5,7 +5,8 @@ allows it), built by a real job with the built-in recipe (or reused by key):
 - bytes streamed per generated token: every weight a decode step reads, from the safetensors
   headers (the `lm_head` in full, the tied embedding matrix read as the `lm_head`, one embedding
   row), plus the KV cache read at the context's length;
-- the memory bound: this machine's read bandwidth, measured here first (no engine running), over
+- the memory bound: this machine's read bandwidth, measured here first (no engine running; over
+  1 GiB, `llmopt.roofline.measure_rates`), over
   those bytes;
 - at batch 16, the compute bound too, from this machine's measured bf16 (and int8) matmul rate;
 - what the deployed artifact achieves, from the time per output token (p50) of fixed-length
@@ -19,15 +20,13 @@ Writes benchmarks/results/roofline.json.
 from __future__ import annotations
 
 import json
-import time
+from dataclasses import asdict
 from pathlib import Path
-
-import torch
 
 import llmopt
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
-from llmopt.roofline import Rates, bound_tokens_per_s, traffic
+from llmopt.roofline import bound_tokens_per_s, measure_rates, traffic
 
 MODEL = "smollm2-135m-instruct"
 KINDS = {"bf16": "baseline", "SmoothQuant W8A8": "smoothquant", "AWQ W4A16": "awq", "block FP8": "fp8-block"}
@@ -38,36 +37,6 @@ CASES = {  # name: (prompt tokens, concurrency, requests)
     "b16 short": (16, 16, 32),
 }
 RESULTS = Path(__file__).parent / "results" / "roofline.json"
-
-
-def _best_seconds(run, repeats: int = 7) -> float:
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
-def machine_rates() -> dict[str, float | None]:
-    """Read and copy bandwidth (GB/s) over 1 GiB, and matmul throughput (GFLOP/s), best of several runs."""
-    torch.set_num_threads(platform.detect().cores)
-    x = torch.ones(2**28, dtype=torch.float32)
-    y = torch.empty_like(x)
-    size = x.numel() * 4
-    read = size / _best_seconds(lambda: x.sum()) / 1e9
-    copy = 2 * size / _best_seconds(lambda: y.copy_(x)) / 1e9
-    n = 2048
-    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
-    bf16 = 2 * n**3 / _best_seconds(lambda: a @ b) / 1e9
-    try:
-        ai, bi = torch.randint(-8, 8, (n, n), dtype=torch.int8), torch.randint(-8, 8, (n, n), dtype=torch.int8)
-        int8: float | None = 2 * n**3 / _best_seconds(lambda: torch._int_mm(ai, bi)) / 1e9
-    except RuntimeError:
-        int8 = None
-    return {"read_gb_s": round(read, 2), "copy_gb_s": round(copy, 2), "bf16_gflop_s": round(bf16, 1),
-            "int8_gflop_s": round(int8, 1) if int8 else None}
 
 
 def achieved(folder: Path) -> dict[str, float]:
@@ -85,9 +54,9 @@ def achieved(folder: Path) -> dict[str, float]:
 
 def main() -> None:
     hardware = platform.detect()
-    rates = machine_rates()
-    print(f"{hardware.cpu_model}, {hardware.cores} cores: read {rates['read_gb_s']} GB/s, copy {rates['copy_gb_s']} GB/s, "
-          f"bf16 matmul {rates['bf16_gflop_s']} GFLOP/s, int8 {rates['int8_gflop_s']} GFLOP/s", flush=True)
+    rates = measure_rates(hardware.cores)
+    print(f"{hardware.cpu_model}, {hardware.cores} cores: read {rates.read_gb_s} GB/s, copy {rates.copy_gb_s} GB/s, "
+          f"bf16 matmul {rates.bf16_gflop_s} GFLOP/s, int8 {rates.int8_gflop_s} GFLOP/s", flush=True)
     rows = []
     for kind, recipe in KINDS.items():
         try:
@@ -104,14 +73,13 @@ def main() -> None:
         speeds = achieved(folder)
         row = {"kind": kind, "artifact": folder.name, "mb_per_token": round(found.weights_bytes / 1e6, 1), "cases": {}}
         for case, (prompt, concurrency, _) in CASES.items():
-            bound, limit = bound_tokens_per_s(found, Rates(rates["read_gb_s"], rates["bf16_gflop_s"], rates["int8_gflop_s"]),
-                                              concurrency, prompt + OUTPUT_TOKENS // 2)
+            bound, limit = bound_tokens_per_s(found, rates, concurrency, prompt + OUTPUT_TOKENS // 2)
             row["cases"][case] = {"achieved_tok_s": round(speeds[case], 1), "bound_tok_s": round(bound, 1), "limited_by": limit,
                                   "fraction": round(speeds[case] / bound, 3)}
         rows.append(row)
     RESULTS.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
                                    "cpu_flags_amx": any(f.startswith("amx") for f in hardware.cpu_flags),
-                                   "machine": rates, "output_tokens": OUTPUT_TOKENS, "rows": rows}, indent=2) + "\n")
+                                   "machine": asdict(rates), "output_tokens": OUTPUT_TOKENS, "rows": rows}, indent=2) + "\n")
     print(f"\n{'kind':<18} {'MB/token':>8} " + " ".join(f"{c + ' tok/s (bound, %)':>32}" for c in CASES))
     for row in rows:
         if "refused" in row:

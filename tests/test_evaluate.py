@@ -51,10 +51,16 @@ def test_sweep_against_the_real_engine(endpoint, tmp_path: Path) -> None:
         assert lvl.price.blended_per_million_tokens == pytest.approx(blended)
         assert lvl.accuracy.answered == 8
         assert lvl.speculative is None
+        # how close decoding came to this machine's bound, from the served weights and measured bandwidth
+        bound = lvl.decode_bound
+        assert bound is not None and bound.weights_read_per_token_bytes > 2e8 and bound.read_gb_s > 1
+        assert 0.05 < bound.fraction < 1.2, bound  # a bound is not beaten, beyond the noise of measuring it
+    assert target.levels[0].decode_bound.limited_by == "memory"
     assert 5 < target.quality.perplexity.perplexity < 100
     assert len(target.quality.greedy_tokens) == 4
     html = (out / "report.html").read_text()
-    assert "<svg" in html and "Time to first token" in html
+    assert "<svg" in html and "Time to first token" in html and "GB/s measured read bandwidth" in html
+    assert "decode vs bound" in result.stdout
     assert "<script" not in html and "<link" not in html and "src=" not in html  # reads offline
     _screenshot(out / "report.html", "single")
 

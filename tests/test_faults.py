@@ -32,9 +32,10 @@ DEFAULT = "smollm2-135m-instruct"
 
 
 def _snapshot(home: Path) -> dict:
-    """What a refused command must not change: files in the home (logs and the database aside) and records."""
+    """What a refused command must not change: files in the home (logs, the database and caches of
+    what the machine and engine are aside) and records."""
     files = sorted(str(p.relative_to(home)) for p in home.rglob("*")
-                   if "logs" not in p.relative_to(home).parts and "compile-cache" not in p.relative_to(home).parts
+                   if not {"logs", "compile-cache", "engine-facts"} & set(p.relative_to(home).parts)
                    and not p.name.startswith("llmopt.db") and p.name != "hash-cache")
     return {"files": files, "jobs": [j.name for j in llmopt.list_jobs()], "endpoints": [e.name for e in llmopt.list_endpoints()],
             "models": [m.id for m in llmopt.list_models()]}
@@ -82,6 +83,7 @@ def _bad_inputs(tmp: Path, smol: sources.Model) -> list[tuple[list[str], str]]:
         (["evaluate", "--model", DEFAULT, "--dataset", "synthetic:0,5"], "out of range"),
         (["evaluate", "--model", DEFAULT, "--discount", "1.5"], "outside"),
         (["evaluate", "--compare", store_path], "not a model folder"),
+        (["evaluate", "--compare", DEFAULT, "--compare", store_path], "not a model folder"),  # before the first deploys
         (["endpoints", "list", "--status", "bogus"], "unknown status"),
         (["jobs", "list", "--status", "bogus"], "unknown status"),
         (["jobs", "stop", "nope"], "no job named"),
@@ -186,6 +188,26 @@ def test_state_is_readable_by_its_owner_alone(home: Path, smol: sources.Model) -
 def test_artifacts_are_readable_by_their_owner_alone(baseline: llmopt.Job) -> None:
     modes = [p.stat().st_mode & 0o777 for p in baseline.artifact.rglob("*") if p.is_file()]
     assert modes and all(m == 0o400 for m in modes)
+
+
+def test_a_state_file_is_replaced_whole_by_many_writers_at_once(tmp_path: Path) -> None:
+    """Eight threads replace one file 50 times each: every read sees one writer's whole text, and
+    no temporary file is left; a private file is its owner's alone."""
+    target = tmp_path / "state.json"
+    texts = [json.dumps({"writer": n, "pad": "x" * 100_000}) for n in range(8)]
+    seen: list[str] = []
+
+    def write(text: str) -> None:
+        for _ in range(50):
+            paths.write_atomic(target, text)
+            seen.append(target.read_text())
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, texts))
+    assert set(seen) <= set(texts) and len(seen) == 400
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"] and target.stat().st_mode & 0o777 == 0o644
+    paths.write_atomic(target, "secret", private=True)
+    assert target.read_text() == "secret" and target.stat().st_mode & 0o777 == 0o600
 
 
 def test_database_creation_from_many_processes_at_once(tmp_path: Path) -> None:

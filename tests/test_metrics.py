@@ -10,7 +10,8 @@ import pytest
 
 from llmopt import roofline, sources
 from llmopt.engine import metrics as engine_metrics
-from llmopt.evaluation import compare, levels, metrics, pricing, workload
+from llmopt.engine import platform
+from llmopt.evaluation import benchmark, compare, levels, metrics, pricing, workload
 from llmopt.evaluation.loadgen import LevelRun, RequestRecord
 from llmopt.evaluation.results import GoodputTargets, Level, RequestSample
 from llmopt.presentation import format
@@ -194,3 +195,31 @@ def test_what_a_decode_step_reads_and_where_it_is_bound(smol: sources.Model) -> 
     one, limit_one = roofline.bound_tokens_per_s(found, rates, batch=1, context=0)
     assert limit_one == "memory" and one == pytest.approx(20e9 / found.weights_bytes)
     assert roofline.bound_tokens_per_s(found, rates, batch=64, context=0)[1] == "compute"
+
+
+def test_a_levels_decode_speed_against_the_bound_by_hand() -> None:
+    """Concurrency 2 at TPOT p50 400 ms decodes 5 tokens/s; 1 GB of weights and 8 positions of
+    context (7 prompt tokens + half of 1.5 output) at 1 kB each, read at 20 GB/s, allow 40."""
+    level = metrics.compute(_run(), TokenCounter(WordTokenizer()), PRICE, GoodputTargets())
+    traffic = roofline.Traffic(weights_bytes=10**9, kv_bytes_per_position=1000, macs_int8=0, macs_bf16=0)
+    found = benchmark.decode_bound(level, traffic, roofline.Rates(read_gb_s=20.0, bf16_gflop_s=800.0))
+    assert found.achieved_tok_s == pytest.approx(5.0) and found.limited_by == "memory"
+    assert found.bound_tok_s == pytest.approx(2 / ((10**9 + 2 * 8 * 1000) / 20e9))
+    assert found.fraction == pytest.approx(0.125, rel=1e-4)
+    assert format.bound(found) == "13% of 40 (memory)"
+    assert benchmark.decode_bound(level, roofline.Traffic(0, 0, 0, 0), roofline.Rates(20.0, 800.0)) is None  # weights unknown
+
+
+def test_the_machines_rates_are_measured_once_and_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("LLMOPT_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(roofline, "measure_rates", lambda cores: calls.append(cores) or roofline.Rates(30.0, 700.0, 1500.0, 33.0))
+    cpu = platform.Hardware(device="cpu", cpu_model="AMD EPYC", cores=2, memory_gib=24, cpu_flags=(), gpu=None)
+    assert roofline.machine_rates(cpu) == roofline.machine_rates(cpu) == roofline.Rates(30.0, 700.0, 1500.0, 33.0)
+    assert calls == [2]
+    assert roofline.machine_rates(cpu.model_copy(update={"device": "cuda", "gpu": "L4"})) is None  # the GPU's memory binds there
+
+
+def test_the_rates_of_this_machine_are_plausible() -> None:
+    rates = roofline.measure_rates(1)
+    assert 1 < rates.read_gb_s < 1000 and 1 < rates.bf16_gflop_s < 100_000 and rates.copy_gb_s > 1

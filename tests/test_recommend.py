@@ -133,6 +133,8 @@ def test_recommend_end_to_end_resumed_after_a_kill(smol: sources.Model, baseline
     assert all(c.status == "dropped" and "budget" in c.reason for c in rec.candidates if c.name not in ("bf16", by_cost[0].name))
     assert {j.name for j in llmopt.list_jobs()} == jobs_before, "a job was run again"
     assert {(r.candidate, r.concurrency) for r in rec.rows} == {(n, c) for n in ("bf16", by_cost[0].name) for c in (1, 2)}
+    unspeculated = [r for r in rec.rows if r.acceptance_rate is None]  # with speculation a step yields several tokens
+    assert {"bf16"} <= {r.candidate for r in unspeculated} and all(0.05 < (r.decode_vs_bound or 0) < 1.2 for r in unspeculated)
     pick = rec.picks["latency"]
     assert pick is not None and rec.pareto_throughput and rec.pareto_price
     assert f"pick for latency: {pick.candidate}" in " ".join(resumed.stdout.split())

@@ -1,8 +1,10 @@
-"""Where llmopt keeps its state: one home folder, configurable, under the user's cache by default."""
+"""Where llmopt keeps its state: one home folder, configurable, under the user's cache by default;
+and how a state file is written: replaced whole, so no reader sees half of one."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 HOME_ENV = "LLMOPT_HOME"
@@ -43,3 +45,19 @@ def _sub(name: str) -> Path:
     path = home() / name
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
+
+
+def write_atomic(path: Path, text: str, private: bool = False) -> None:
+    """Write `path` through a temporary file beside it and a rename: a reader (or a crash) sees the
+    old file or the new one, never a part; concurrent writers each rename a whole file of their own.
+    A `private` file is readable by its owner alone."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as partial:
+        try:
+            if not private:
+                os.chmod(partial.name, 0o644)
+            partial.write(text)
+        except BaseException:
+            os.unlink(partial.name)
+            raise
+    os.replace(partial.name, path)
+

@@ -18,7 +18,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,9 +262,7 @@ def attention_head_sizes(hw: platform.Hardware) -> list[int] | None:
     sizes = [int(size) for size in CPUAttentionBackend.get_supported_head_sizes()]
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=kept.parent, prefix=f".{kept.name}.", delete=False) as partial:
-            partial.write(json.dumps(sizes))
-        os.replace(partial.name, kept)
+        paths.write_atomic(kept, json.dumps(sizes))
     except OSError:
         pass  # a home that cannot take it asks vLLM again next time
     return sizes

@@ -2,7 +2,8 @@
 with quality measured on the same targets, written as JSON and HTML as it goes.
 
 A target is an endpoint llmopt runs, any OpenAI-compatible URL, or a model/artifact that is
-deployed for the evaluation and stopped after it.
+deployed for the evaluation and stopped after it. For one whose weights llmopt can read (deployed
+here, or an endpoint llmopt runs), each level says how close decoding came to the machine's bound.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Literal
 
 import httpx
 
-from llmopt import corpus, endpoints, serving
+from llmopt import corpus, endpoints, roofline, serving
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import compare, levels, pricing, quality
 from llmopt.evaluation import workload as workloads
 from llmopt.evaluation.levels import Events, Plan
-from llmopt.evaluation.results import EvaluationResults, Quality, Settings, TargetResult
+from llmopt.evaluation.results import DecodeBound, EvaluationResults, Level, Quality, Settings, TargetResult
 from llmopt.evaluation.tokens import TokenCounter
 from llmopt.presentation import report
 
@@ -31,6 +32,7 @@ class Target:
     result: TargetResult  # filled in as the target is measured
     headers: dict[str, str]
     deployed: endpoints.Endpoint | None = None
+    weights: Path | None = None  # the served model's folder, where llmopt knows it
 
 
 def resolve_target(spec: str, kind: TargetKind, tokenizer: str | None, api_key: str | None = None) -> Target:
@@ -40,7 +42,8 @@ def resolve_target(spec: str, kind: TargetKind, tokenizer: str | None, api_key: 
         if endpoint.status != endpoints.READY:
             raise LlmoptError(f"endpoint '{spec}' is {endpoint.status}", "deploy it again with `llmopt deploy`")
         return Target(TargetResult(label=spec, kind="endpoint", url=endpoint.url, served_name=endpoint.served_name,
-                                   tokenizer=tokenizer or endpoint.model_path, engine=endpoint.engine), endpoint.headers)
+                                   tokenizer=tokenizer or endpoint.model_path, engine=endpoint.engine), endpoint.headers,
+                      weights=Path(endpoint.model_path))
     url = spec.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
@@ -53,22 +56,23 @@ def resolve_target(spec: str, kind: TargetKind, tokenizer: str | None, api_key: 
     return Target(TargetResult(label=url, kind="url", url=url, served_name=models[0]["id"], tokenizer=path), headers)
 
 
-def deploy_target(spec: str, events: Events) -> Target:
-    """A model or artifact, served for the evaluation."""
+def deploy_target(spec: str, events: Events, checked: serving.ServingSpec | None = None) -> Target:
+    """A model or artifact, served for the evaluation (as `checked` says, where it was resolved already)."""
     events("deploying", target=spec)
-    endpoint = serving.deploy(serving.for_target(spec), temporary=True)
+    endpoint = serving.deploy(checked or serving.for_target(spec), temporary=True)
     events("deployed", target=spec, seconds=endpoint.seconds_to_ready)
     label = Path(spec).name if Path(spec).exists() else spec
     return Target(TargetResult(label=label, kind="deployed", url=endpoint.url, served_name=endpoint.served_name,
                                tokenizer=endpoint.model_path, engine=endpoint.engine,
-                               seconds_to_ready=endpoint.seconds_to_ready), endpoint.headers, deployed=endpoint)
+                               seconds_to_ready=endpoint.seconds_to_ready), endpoint.headers, deployed=endpoint,
+                  weights=Path(endpoint.model_path))
 
 
 def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.HardwareProfile, measure_quality: bool = True,
         tokenizer: str | None = None, output: Path | None = None, events: Events = lambda *a, **k: None,
         api_key: str | None = None) -> EvaluationResults:
     """Evaluate each (spec, kind) target in turn; kind is endpoint, url or model (deployed here).
-    The workload is checked before anything is deployed. Comparing several targets adds an
+    The workload and every target are checked before anything is deployed. Comparing several targets adds an
     equal-work leg to each: the first target's output lengths replayed with end-of-sequence ignored."""
     workloads.check(plan.dataset, tokenizer)
     results = EvaluationResults(
@@ -78,9 +82,13 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
                           goodput_targets=plan.goodput),
     )
     work = equal_work = None
+    # every target is resolved before anything is deployed or measured: a bad second one fails at once
+    checked = {spec: serving.for_target(spec) for spec, kind in targets if kind == "model"}
+    found = {spec: resolve_target(spec, kind, tokenizer, api_key) for spec, kind in targets if kind != "model"}
+    # measured (once per machine) before anything is deployed here, so no engine shares the cores
+    rates = roofline.machine_rates() if any(kind != "url" for _, kind in targets) else None
     for target_spec, kind in targets:
-        target = (deploy_target(target_spec, events) if kind == "model"
-                  else resolve_target(target_spec, kind, tokenizer, api_key))
+        target = deploy_target(target_spec, events, checked[target_spec]) if kind == "model" else found[target_spec]
         entry = target.result
         try:
             counter = TokenCounter.from_path(entry.tokenizer) if entry.tokenizer else None
@@ -90,6 +98,10 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
                 work = plan.workload(counter)
                 results.workload = work.describe()
             entry.levels = levels.run(entry.url, entry.served_name, work, counter, plan, price, target.headers, entry.label, events)
+            if rates is not None and target.weights is not None:
+                traffic = roofline.traffic(target.weights)
+                for level in entry.levels:
+                    level.decode_bound = decode_bound(level, traffic, rates)
             entry.aborted = next((level.aborted for level in entry.levels if level.aborted), None)
             if len(targets) > 1 and entry.aborted is None:
                 if equal_work is None:  # the reference's lengths, replayed on every target (itself included)
@@ -111,6 +123,18 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
         if entry.aborted:
             break
     return results
+
+
+def decode_bound(level: Level, traffic: roofline.Traffic, rates: roofline.Rates) -> DecodeBound | None:
+    """The level's decode speed against the bound at its batch and mean context. None where the
+    bound does not apply: weights llmopt cannot read, or speculation (a step yields several tokens)."""
+    if not traffic.weights_bytes or level.speculative is not None or not level.tpot_ms or level.tpot_ms.p50 <= 0:
+        return None
+    per = level.per_request
+    context = (per.input_tokens.mean if per.input_tokens else 0) + (per.output_tokens.mean if per.output_tokens else 0) / 2
+    bound, limit = roofline.bound_tokens_per_s(traffic, rates, level.concurrency, round(context))
+    return DecodeBound(achieved_tok_s=level.concurrency * 1000 / level.tpot_ms.p50, bound_tok_s=bound, limited_by=limit,
+                       weights_read_per_token_bytes=traffic.weights_bytes, read_gb_s=rates.read_gb_s)
 
 
 def measure(target: TargetResult, headers: dict[str, str]) -> Quality:

@@ -86,6 +86,22 @@ class RequestSample(_Result):
     tpot_ms: float | None
 
 
+class DecodeBound(_Result):
+    """How close decoding came to what the machine allows (llmopt.roofline): the bound its measured
+    read bandwidth (or matmul rate, at a large batch) sets for the weights a step reads and the KV
+    cache at the level's mean context, against the decode speed achieved (concurrency / TPOT p50)."""
+
+    achieved_tok_s: float
+    bound_tok_s: float
+    limited_by: Literal["memory", "compute"]
+    weights_read_per_token_bytes: int
+    read_gb_s: float
+
+    @property
+    def fraction(self) -> float:
+        return self.achieved_tok_s / self.bound_tok_s
+
+
 class Level(_Result):
     """One concurrency level: what the load generator saw, and what the engine's counters said."""
 
@@ -112,6 +128,7 @@ class Level(_Result):
     accuracy: Accuracy | None
     speculative: SpeculationStats | None
     requests: list[RequestSample] = Field(default_factory=list)
+    decode_bound: DecodeBound | None = None  # where llmopt can read the served weights, on a CPU machine
 
     @property
     def total_tokens_per_s(self) -> float:

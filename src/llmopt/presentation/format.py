@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from llmopt.evaluation.results import Ratio
+from llmopt.evaluation.results import DecodeBound, Ratio
 
 
 def num(value: float | None, digits: int = 1) -> str:
@@ -19,8 +19,8 @@ def times(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
 
-def pct(value: float | None) -> str:
-    return "" if value is None else f"{value:.1%}"
+def pct(value: float | None, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}%}"
 
 
 def ratio(r: Ratio | None, better: str = "faster", worse: str = "slower") -> str:
@@ -40,3 +40,8 @@ def when(ts: float | None) -> str:
 
 def megabytes(size: int | None) -> str:
     return "" if size is None else f"{size / 1e6:.0f} MB"
+
+
+def bound(found: DecodeBound | None) -> str:
+    """'54% of 73 (memory)': decode speed as a share of the machine's bound, in tokens/s."""
+    return f"{found.fraction:.0%} of {found.bound_tok_s:.0f} ({found.limited_by})" if found else ""

@@ -14,8 +14,8 @@ from llmopt.recommend.search import Recommendation
 from llmopt.presentation import charts, report, terminal
 from llmopt.presentation.format import money, num, pct
 
-HEAD = ["candidate", "concurrency", "tok/s per user", "tok/s total", "TTFT p50/p90 ms", "TPOT p50/p90 ms", "$ per 1M (blended)",
-        "perplexity", "greedy agreement", "accuracy", "acceptance", "misses"]
+HEAD = ["candidate", "concurrency", "tok/s per user", "tok/s total", "TTFT p50/p90 ms", "TPOT p50/p90 ms", "decode vs bound",
+        "$ per 1M (blended)", "perplexity", "greedy agreement", "accuracy", "acceptance", "misses"]
 REPORT_FILE, RESULTS_FILE = "report.html", "recommendation.json"
 
 
@@ -25,7 +25,8 @@ def _pair(a: float | None, b: float | None) -> str:
 
 def cells(row: Row) -> list[str]:
     return [row.candidate, str(row.concurrency), num(row.tokens_per_s_per_user), num(row.total_tokens_per_s),
-            _pair(row.ttft_p50_ms, row.ttft_p90_ms), _pair(row.tpot_p50_ms, row.tpot_p90_ms), money(row.blended_per_million),
+            _pair(row.ttft_p50_ms, row.ttft_p90_ms), _pair(row.tpot_p50_ms, row.tpot_p90_ms), pct(row.decode_vs_bound, 0),
+            money(row.blended_per_million),
             "" if row.perplexity_increase is None else f"{100 * row.perplexity_increase:+.1f}%", pct(row.greedy_agreement),
             pct(row.accuracy), "" if row.acceptance_rate is None else f"{row.acceptance_rate:.2f}", "; ".join(row.misses)]
 

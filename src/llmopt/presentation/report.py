@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import time
 from html import escape
 from pathlib import Path
 from typing import Callable
 
+from llmopt import paths
 from llmopt.evaluation.results import Comparison, EvaluationResults, Level, Stats, TargetResult
 from llmopt.presentation import charts, comparison
-from llmopt.presentation.format import money, num
+from llmopt.presentation.format import bound, money, num
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.html"
 
@@ -23,9 +23,7 @@ def save(output: Path, files: dict[str, str]) -> None:
     """Files of a run's output folder, each replaced whole: a reader never sees one half-written."""
     output.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        tmp = output / (name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, output / name)
+        paths.write_atomic(output / name, text)
 
 
 def _p50(stats: Stats | None) -> float | None:
@@ -96,7 +94,8 @@ def _table(head: tuple[str, ...], rows: list[tuple[object, ...]]) -> str:
 def level_table(target: TargetResult) -> str:
     head = ("concurrency", "invocations", "errors", "tokenizer failures", "empty", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms",
             "ITL p50/p90/p99 ms", "latency p50/p90/p99 ms", "in tok/s", "out tok/s", "req/s", "in tok/s/req", "out tok/s/req",
-            "in tokens/req", "out tokens/req", "$/1M in", "$/1M out", "$/1M blended", "goodput req/s", "acceptance")
+            "in tokens/req", "out tokens/req", "$/1M in", "$/1M out", "$/1M blended", "goodput req/s", "acceptance",
+            "decode vs bound tok/s")
     rows = []
     for lvl in target.levels:
         spec, per = lvl.speculative, lvl.per_request
@@ -109,9 +108,15 @@ def level_table(target: TargetResult) -> str:
                      num(per.output_tokens.mean if per.output_tokens else None),
                      money(lvl.price.per_million_input_tokens), money(lvl.price.per_million_output_tokens),
                      money(lvl.price.blended_per_million_tokens), num(lvl.goodput.requests_per_s, 2),
-                     f"{spec.acceptance_rate:.2f} (mean length {spec.mean_accepted_length:.2f})" if spec else ""))
+                     f"{spec.acceptance_rate:.2f} (mean length {spec.mean_accepted_length:.2f})" if spec else "",
+                     bound(lvl.decode_bound)))
     aborted = f'<p class="warn">Aborted: {escape(target.aborted)}</p>' if target.aborted else ""
-    return _table(head, rows) + aborted
+    known = next((lvl.decode_bound for lvl in target.levels if lvl.decode_bound), None)
+    note = (f"<p>Decode vs bound: tokens/s decoded (concurrency / TPOT p50) against what this machine allows, "
+            f"{known.weights_read_per_token_bytes / 1e6:.0f} MB of weights read per step (and the KV cache at the "
+            f"level's mean context) at {known.read_gb_s:.1f} GB/s measured read bandwidth, or its matmul rate "
+            f"where that binds first.</p>") if known else ""
+    return _table(head, rows) + note + aborted
 
 
 def _triple(s: Stats | None) -> str:

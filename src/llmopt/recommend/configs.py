@@ -80,5 +80,5 @@ def save(model: str, found: list[DeploymentConfig], path: Path | None = None) ->
     """Write configurations for a model, replacing those of the same names."""
     path = path or measured_file(model)
     kept = [c for c in _read(path, found[0].source if found else "measured") if c.name not in {f.name for f in found}]
-    path.write_text(json.dumps([c.model_dump(mode="json", exclude={"source"}) for c in kept + found], indent=2))
+    paths.write_atomic(path, json.dumps([c.model_dump(mode="json", exclude={"source"}) for c in kept + found], indent=2))
     return path

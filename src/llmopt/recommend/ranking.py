@@ -60,6 +60,7 @@ class Row(BaseModel):
     accuracy: float | None
     acceptance_rate: float | None
     misses: list[str] = []  # the targets it misses, and a quality cost over the limit
+    decode_vs_bound: float | None = None  # decode tokens/s over this machine's bound (evaluation DecodeBound)
 
     @classmethod
     def of(cls, candidate: str, level: Level, perplexity_increase: float | None, agreement: float | None) -> "Row":
@@ -71,6 +72,7 @@ class Row(BaseModel):
             ttft_p50_ms=level.ttft_ms.p50 if level.ttft_ms else None, ttft_p90_ms=level.ttft_ms.p90 if level.ttft_ms else None,
             tpot_p50_ms=level.tpot_ms.p50 if level.tpot_ms else None, tpot_p90_ms=level.tpot_ms.p90 if level.tpot_ms else None,
             latency_p90_ms=level.latency_ms.p90 if level.latency_ms else None,
+            decode_vs_bound=level.decode_bound.fraction if level.decode_bound else None,
             blended_per_million=level.price.blended_per_million_tokens, perplexity_increase=perplexity_increase,
             greedy_agreement=agreement, accuracy=level.accuracy.rate if level.accuracy else None,
             acceptance_rate=level.speculative.acceptance_rate if level.speculative else None)

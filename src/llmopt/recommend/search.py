@@ -14,7 +14,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llmopt import hashing, locations, names, paths, sources
+from llmopt import hashing, locations, names, paths, roofline, sources
 from llmopt.engine import platform, vllm
 from llmopt.engine.platform import Hardware
 from llmopt.errors import LlmoptError
@@ -87,9 +87,7 @@ class Recommendation(BaseModel):
 
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.folder / "recommendation.json.tmp"
-        tmp.write_text(self.model_dump_json(indent=2))
-        tmp.rename(self.folder / "recommendation.json")
+        paths.write_atomic(self.folder / "recommendation.json", self.model_dump_json(indent=2))
 
     def ranked(self) -> list[Row]:
         return rank(self.rows, self.spec.goal)
@@ -225,6 +223,7 @@ def _measure(rec: Recommendation, candidate: Candidate, plan: Plan, events: Even
     candidate.artifact = record.artifact
     manifest = locations.manifest(record.artifact or "")  # a reused artifact may be one a Ray job published to a URI
     price = rec.price
+    rates = roofline.machine_rates()  # measured once per machine, before this deploy: no build runs beside it
     target = benchmark.deploy_target(record.artifact or "", events)
     try:
         counter = TokenCounter.from_path(target.result.tokenizer or "")
@@ -241,6 +240,10 @@ def _measure(rec: Recommendation, candidate: Candidate, plan: Plan, events: Even
     aborted = next((level.aborted for level in found if level.aborted), None)
     if aborted:
         raise LlmoptError(f"its load test ended early: {aborted}", "see the endpoint's log")
+    if rates is not None and target.weights is not None:
+        traffic = roofline.traffic(target.weights)
+        for level in found:
+            level.decode_bound = benchmark.decode_bound(level, traffic, rates)
     result = target.result.model_copy(update={"equal_work": found})
     (rec.folder / "candidates").mkdir(parents=True, exist_ok=True)
     (rec.folder / "candidates" / f"{candidate.name}.json").write_text(result.model_dump_json(indent=2))

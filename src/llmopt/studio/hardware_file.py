@@ -4,7 +4,6 @@ so the studio's price editor reads and writes it here, and nowhere else."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +75,4 @@ def _read() -> dict[str, dict[str, Any]]:
 
 def _write(own: dict[str, dict[str, Any]]) -> None:
     """Atomically, readable by its owner alone, like everything in the home."""
-    path = _path()
-    tmp = path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(own, f, sort_keys=True)
-    os.replace(tmp, path)
+    paths.write_atomic(_path(), yaml.safe_dump(own, sort_keys=True), private=True)
