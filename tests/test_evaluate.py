@@ -135,44 +135,55 @@ def test_unreachable_endpoint_is_a_clear_error() -> None:
     assert_one_line_error(run_cli("evaluate", "--url", f"http://127.0.0.1:{free_port()}"), "cannot reach")
 
 
-def test_each_level_gets_its_own_prefix_cache_salt_and_only_vllm_gets_one() -> None:
-    """A level's warm-up and measured requests share one salt; the next level (or leg) gets another,
-    so it cannot reuse prompts cached before it; a server that is not vLLM is sent no unknown field."""
+async def _salts_sent(version: str | None, levels: list[tuple[int, loadgen.RunSettings]]) -> list[list[str | None]]:
+    """The `cache_salt` of every request a stub server got, level by level, in order; the stub
+    answers /version as the given vLLM release would (or not at all)."""
     work = workload.Workload("w", [workload.Request(({"role": "user", "content": f"q{i}"},), 2) for i in range(8)])
-    settings = loadgen.RunSettings(requests_per_level=4)
+    seen: list[str | None] = []
 
-    async def salts(vllm: bool) -> list[list[str | None]]:
-        seen: list[str | None] = []
+    @web.middleware
+    async def record(request: web.Request, handler):
+        if request.method == "POST":
+            seen.append((await request.json()).get("cache_salt"))
+        return await handler(request)
 
-        @web.middleware
-        async def record(request: web.Request, handler):
-            if request.method == "POST":
-                seen.append((await request.json()).get("cache_salt"))
-            return await handler(request)
+    app = stub_server.make_app(2, 0.0)
+    app.middlewares.append(record)
+    async def answer_version(request: web.Request) -> web.Response:
+        return web.json_response({"version": version})
 
-        app = stub_server.make_app(2, 0.0)
-        app.middlewares.append(record)
-        if vllm:
-            app.router.add_get("/version", lambda _: web.json_response({"version": "0.32.0"}))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        found = []
-        try:
-            for concurrency in (1, 2):
-                seen.clear()
-                run = await loadgen.run_level(f"http://127.0.0.1:{port}", "stub", work, concurrency, settings, {})
-                assert len(run.records) == 4 and not any(r.error for r in run.records)
-                found.append(list(seen))
-        finally:
-            await runner.cleanup()
-        return found
+    if version:
+        app.router.add_get("/version", answer_version)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    found = []
+    try:
+        for concurrency, settings in levels:
+            seen.clear()
+            run = await loadgen.run_level(f"http://127.0.0.1:{port}", "stub", work, concurrency, settings, {})
+            assert not any(r.error for r in run.records)
+            found.append(list(seen))
+    finally:
+        await runner.cleanup()
+    return found
 
-    first, second = asyncio.run(salts(vllm=True))
-    assert len(first) == 5 and len(set(first)) == 1 and first[0].startswith("llmopt-")  # one warm-up, four measured
-    assert len(second) == 6 and len(set(second)) == 1 and second[0] != first[0]
-    assert asyncio.run(salts(vllm=False)) == [[None] * 5, [None] * 6]
+
+def test_every_pass_gets_its_own_prefix_cache_salt_and_only_vllm_gets_one() -> None:
+    """A level's warm-up, and each pass over its prompts, get a salt of their own, and the next level
+    (or leg) others, so no request reuses a prompt cached before it; a server that is not vLLM, or
+    a vLLM too old to take the field, is sent none."""
+    four = loadgen.RunSettings(requests_per_level=4)
+    first, second = asyncio.run(_salts_sent("0.32.0", [(1, four), (2, four)]))
+    assert len(first) == 5 and first[0].startswith("llmopt-") and first[0].endswith("-warmup")  # one warm-up, four measured
+    assert len(set(first[1:])) == 1 and first[1] != first[0]  # four requests of four prompts: one pass
+    assert len(second) == 6 and len(set(second[2:])) == 1 and not set(second) & set(first)
+    assert asyncio.run(_salts_sent(None, [(1, four)])) == asyncio.run(_salts_sent("0.10.1", [(1, four)])) == [[None] * 5]
+    (passes,) = asyncio.run(_salts_sent("0.32.0", [(1, loadgen.RunSettings(requests_per_level=4, warmup_requests=0,
+                                                                               min_duration_s=0.3))]))
+    assert len(passes) > 8 and all(passes[k] == passes[k - k % 4] for k in range(len(passes)))  # one salt a pass of four
+    assert len(set(passes)) == (len(passes) + 3) // 4, passes  # and a new one for every pass
 
 
 @pytest.fixture()

@@ -192,7 +192,7 @@ def test_artifacts_are_readable_by_their_owner_alone(baseline: llmopt.Job) -> No
 
 def test_a_state_file_is_replaced_whole_by_many_writers_at_once(tmp_path: Path) -> None:
     """Eight threads replace one file 50 times each: every read sees one writer's whole text, and
-    no temporary file is left; a private file is its owner's alone."""
+    no temporary file is left, nor by a write that fails; a private file is its owner's alone."""
     target = tmp_path / "state.json"
     texts = [json.dumps({"writer": n, "pad": "x" * 100_000}) for n in range(8)]
     seen: list[str] = []
@@ -205,9 +205,25 @@ def test_a_state_file_is_replaced_whole_by_many_writers_at_once(tmp_path: Path) 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(write, texts))
     assert set(seen) <= set(texts) and len(seen) == 400
-    assert [p.name for p in tmp_path.iterdir()] == ["state.json"] and target.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+    assert target.stat().st_mode & 0o777 == 0o666 & ~paths._UMASK  # as a plain write would make it
     paths.write_atomic(target, "secret", private=True)
     assert target.read_text() == "secret" and target.stat().st_mode & 0o777 == 0o600
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(IsADirectoryError):
+        paths.write_atomic(tmp_path / "folder", "a folder is not replaced")  # its temporary file went beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "state.json"]
+
+
+def test_a_workers_peak_memory_is_its_own() -> None:
+    """A parent that touched 1 GiB starts a small child: the child's ru_maxrss says 1 GiB (Linux
+    carries the parent's peak across fork and exec), its recorded peak says what it used."""
+    child = ("import resource; from llmopt import procs; "
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, procs.peak_rss_bytes())")
+    parent = f"import subprocess, sys; a = bytearray(2**30); a[::4096] = b'x' * (2**30 // 4096); subprocess.run([sys.executable, '-c', {child!r}])"
+    inherited, own = map(int, subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True,
+                                             check=True).stdout.split())
+    assert inherited > 2**30 > 4 * own, (inherited, own)
 
 
 def test_database_creation_from_many_processes_at_once(tmp_path: Path) -> None:

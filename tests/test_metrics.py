@@ -11,6 +11,7 @@ import pytest
 from llmopt import roofline, sources
 from llmopt.engine import metrics as engine_metrics
 from llmopt.engine import platform
+from llmopt.engine.config import EngineConfig, SpeculativeConfig
 from llmopt.evaluation import benchmark, compare, levels, metrics, pricing, workload
 from llmopt.evaluation.loadgen import LevelRun, RequestRecord
 from llmopt.evaluation.results import GoodputTargets, Level, RequestSample
@@ -223,3 +224,18 @@ def test_the_machines_rates_are_measured_once_and_kept(monkeypatch: pytest.Monke
 def test_the_rates_of_this_machine_are_plausible() -> None:
     rates = roofline.measure_rates(1)
     assert 1 < rates.read_gb_s < 1000 and 1 < rates.bf16_gflop_s < 100_000 and rates.copy_gb_s > 1
+
+
+def test_a_bound_is_left_out_where_it_does_not_apply(smol: sources.Model, tmp_path: Path) -> None:
+    """A reading, not the measurement: a speculating engine (several tokens a step), an unreadable
+    folder or no rates leave the bound out, and nothing fails."""
+    rates = roofline.Rates(read_gb_s=20.0, bf16_gflop_s=800.0)
+    ngram = EngineConfig(speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=2,
+                                                       prompt_lookup_max=4))
+    (tmp_path / "config.json").write_text("{")
+    for weights, engine, given in ((Path(smol.path), ngram, rates), (tmp_path, None, rates), (Path(smol.path), None, None)):
+        level = metrics.compute(_run(), TokenCounter(WordTokenizer()), PRICE, GoodputTargets())
+        benchmark.decode_bounds([level], weights, engine, given)
+        assert level.decode_bound is None
+    benchmark.decode_bounds([level], Path(smol.path), EngineConfig(), rates)
+    assert level.decode_bound is not None and level.decode_bound.weights_read_per_token_bytes > 2e8

@@ -48,16 +48,26 @@ def _sub(name: str) -> Path:
 
 
 def write_atomic(path: Path, text: str, private: bool = False) -> None:
-    """Write `path` through a temporary file beside it and a rename: a reader (or a crash) sees the
-    old file or the new one, never a part; concurrent writers each rename a whole file of their own.
-    A `private` file is readable by its owner alone."""
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as partial:
-        try:
+    """Write `path` through a temporary file beside it and a rename: a reader (or a process that
+    dies mid-write) sees the old file or the new one, never a part; concurrent writers each rename
+    a whole file of their own. A `private` file is readable by its owner alone; any other follows
+    the user's umask, as a plain write would."""
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
             if not private:
-                os.chmod(partial.name, 0o644)
-            partial.write(text)
-        except BaseException:
-            os.unlink(partial.name)
-            raise
-    os.replace(partial.name, path)
+                os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+            f.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
 
+
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # read once, at import, before any thread could race the two calls

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,35 +52,43 @@ def _best_seconds(run: Callable[[], object], repeats: int = 7) -> float:
 
 def measure_rates(cores: int) -> Rates:
     """Read and copy bandwidth (GB/s) over 1 GiB (256 MiB read 10-25% faster on a 32 MiB-L3 EPYC),
-    and bf16 and int8 matmul throughput (GFLOP/s) on `cores` threads, best of several runs."""
-    import torch  # the engine's; only a measurement needs it, not every import of this module
+    and bf16 and int8 matmul throughput (GFLOP/s) on `cores` threads, best of several runs; in a
+    process of its own, so its 2 GiB and torch's threads never count against the caller (whose
+    peak memory every process it starts would report as its own: procs.peak_rss_bytes)."""
+    done = subprocess.run([sys.executable, "-c", f"from llmopt import roofline; roofline._print_rates({int(cores)})"],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring this machine's rates failed: {done.stderr.strip()[-300:]}")
+    return Rates(**json.loads(done.stdout.splitlines()[-1]))
 
-    threads = torch.get_num_threads()
+
+def _print_rates(cores: int) -> None:
+    import torch  # the engine's; only this measuring process needs it
+
     torch.set_num_threads(cores)
+    x = torch.ones(2**28, dtype=torch.float32)
+    y = torch.empty_like(x)
+    size = x.numel() * 4
+    # a bound is the best the machine does: on a shared 2-core EPYC VM single reads of 1 GiB ran at
+    # 18-73 GB/s, and the best of 7 at 44-73; the best of 30 (about a second) holds steadier
+    read = size / _best_seconds(lambda: x.sum(), 30) / 1e9
+    copy = 2 * size / _best_seconds(lambda: y.copy_(x), 30) / 1e9
+    n = 2048
+    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+    bf16 = 2 * n**3 / _best_seconds(lambda: a @ b) / 1e9
     try:
-        x = torch.ones(2**28, dtype=torch.float32)
-        y = torch.empty_like(x)
-        size = x.numel() * 4
-        # a bound is the best the machine does: on a shared 2-core EPYC VM single reads of 1 GiB ran
-        # at 18-73 GB/s, and the best of 7 at 44-73; the best of 30 (about a second) holds steadier
-        read = size / _best_seconds(lambda: x.sum(), 30) / 1e9
-        copy = 2 * size / _best_seconds(lambda: y.copy_(x), 30) / 1e9
-        n = 2048
-        a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
-        bf16 = 2 * n**3 / _best_seconds(lambda: a @ b) / 1e9
-        try:
-            ai, bi = torch.randint(-8, 8, (n, n), dtype=torch.int8), torch.randint(-8, 8, (n, n), dtype=torch.int8)
-            int8: float | None = round(2 * n**3 / _best_seconds(lambda: torch._int_mm(ai, bi)) / 1e9, 1)
-        except RuntimeError:
-            int8 = None
-    finally:
-        torch.set_num_threads(threads)
-    return Rates(read_gb_s=round(read, 2), bf16_gflop_s=round(bf16, 1), int8_gflop_s=int8, copy_gb_s=round(copy, 2))
+        ai, bi = torch.randint(-8, 8, (n, n), dtype=torch.int8), torch.randint(-8, 8, (n, n), dtype=torch.int8)
+        int8: float | None = round(2 * n**3 / _best_seconds(lambda: torch._int_mm(ai, bi)) / 1e9, 1)
+    except RuntimeError:
+        int8 = None
+    print(json.dumps(asdict(Rates(read_gb_s=round(read, 2), bf16_gflop_s=round(bf16, 1), int8_gflop_s=int8,
+                                  copy_gb_s=round(copy, 2)))))
 
 
 def machine_rates(hw: platform.Hardware | None = None) -> Rates | None:
-    """This machine's rates, measured the first time and kept under its processor and core count;
-    None on a GPU machine, whose bound is the GPU's memory, which this does not measure."""
+    """This machine's rates, measured the first time and kept under its processor and core count
+    (delete the file in `engine-facts/` to measure again, on an idle machine); None on a GPU
+    machine, whose bound is the GPU's memory, which this does not measure."""
     hw = hw or platform.detect()
     if hw.device != "cpu":
         return None
@@ -87,7 +97,10 @@ def machine_rates(hw: platform.Hardware | None = None) -> Rates | None:
         return Rates(**json.loads(kept.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    found = measure_rates(hw.cores)
+    try:
+        found = measure_rates(hw.cores)
+    except (RuntimeError, OSError, ValueError, TypeError, IndexError, subprocess.TimeoutExpired):
+        return None  # no room for the 2 GiB it reads, say: no bound shown, nothing else lost
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
         paths.write_atomic(kept, json.dumps(asdict(found)))
@@ -97,9 +110,13 @@ def machine_rates(hw: platform.Hardware | None = None) -> Rates | None:
 
 
 def tensors(folder: Path) -> dict[str, dict]:
-    """Name -> dtype, shape and data offsets of every tensor in the folder's safetensors files."""
+    """Name -> dtype, shape and data offsets of every tensor in the folder's safetensors files (those
+    its index names, where it has one: a folder may hold a consolidated copy beside the shards)."""
     found: dict[str, dict] = {}
-    for path in sorted(folder.glob("*.safetensors")):
+    index = folder / "model.safetensors.index.json"
+    files = ([folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+             if index.is_file() else sorted(folder.glob("*.safetensors")))
+    for path in files:
         with path.open("rb") as f:
             header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
         found.update({k: v for k, v in header.items() if k != "__metadata__"})

@@ -8,6 +8,7 @@ here, or an endpoint llmopt runs), each level says how close decoding came to th
 
 from __future__ import annotations
 
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Literal
 import httpx
 
 from llmopt import corpus, endpoints, roofline, serving
+from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import compare, levels, pricing, quality
 from llmopt.evaluation import workload as workloads
@@ -83,12 +85,12 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
     )
     work = equal_work = None
     # every target is resolved before anything is deployed or measured: a bad second one fails at once
-    checked = {spec: serving.for_target(spec) for spec, kind in targets if kind == "model"}
-    found = {spec: resolve_target(spec, kind, tokenizer, api_key) for spec, kind in targets if kind != "model"}
-    # measured (once per machine) before anything is deployed here, so no engine shares the cores
+    resolved = [serving.for_target(spec) if kind == "model" else resolve_target(spec, kind, tokenizer, api_key)
+                for spec, kind in targets]
+    # measured once per machine, before this run deploys anything (an endpoint given may be running)
     rates = roofline.machine_rates() if any(kind != "url" for _, kind in targets) else None
-    for target_spec, kind in targets:
-        target = deploy_target(target_spec, events, checked[target_spec]) if kind == "model" else found[target_spec]
+    for (target_spec, kind), ready in zip(targets, resolved):
+        target = deploy_target(target_spec, events, ready) if isinstance(ready, serving.ServingSpec) else ready
         entry = target.result
         try:
             counter = TokenCounter.from_path(entry.tokenizer) if entry.tokenizer else None
@@ -98,10 +100,7 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
                 work = plan.workload(counter)
                 results.workload = work.describe()
             entry.levels = levels.run(entry.url, entry.served_name, work, counter, plan, price, target.headers, entry.label, events)
-            if rates is not None and target.weights is not None:
-                traffic = roofline.traffic(target.weights)
-                for level in entry.levels:
-                    level.decode_bound = decode_bound(level, traffic, rates)
+            decode_bounds(entry.levels, target.weights, entry.engine, rates)
             entry.aborted = next((level.aborted for level in entry.levels if level.aborted), None)
             if len(targets) > 1 and entry.aborted is None:
                 if equal_work is None:  # the reference's lengths, replayed on every target (itself included)
@@ -123,6 +122,19 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
         if entry.aborted:
             break
     return results
+
+
+def decode_bounds(found: list[Level], weights: Path | None, engine: EngineConfig | None, rates: roofline.Rates | None) -> None:
+    """Each level's decode speed against the machine's bound, where one applies. It is a reading,
+    not the measurement: weights it cannot read leave it out and lose nothing else."""
+    if rates is None or weights is None or (engine is not None and engine.speculative is not None):
+        return
+    try:
+        traffic = roofline.traffic(weights)
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return
+    for level in found:
+        level.decode_bound = decode_bound(level, traffic, rates)
 
 
 def decode_bound(level: Level, traffic: roofline.Traffic, rates: roofline.Rates) -> DecodeBound | None:

@@ -5,9 +5,11 @@ happens afterwards in metrics.py, so the hot loop does as little as possible and
 never the bottleneck (benchmarks/loadgen_client.py drives a stub stream at well over 20,000
 tokens/s on two cores).
 
-Every level starts from a cold prefix cache. vLLM keeps prompts it has seen; without a fresh
-`cache_salt` per level, a later level or leg replaying the same prompts measured cached prefill
-(time to first token 50 ms instead of 300 ms on SmolLM2) and compared unlike work.
+Every request is prefilled as new. vLLM keeps prompts it has seen, and a level replays its prompts
+(its warm-up's too, and each pass when a level outlasts one), as later levels and legs do; without
+a fresh `cache_salt` for the warm-up and for each pass of each level, a leg replaying them measured
+cached prefill (time to first token 50 ms instead of 300 ms on SmolLM2) and compared unlike work.
+Prompts of one pass still share what they have in common (a system prompt), as they would live.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+from packaging.version import InvalidVersion, Version
 
 from llmopt.engine import metrics as engine_metrics
 from llmopt.evaluation.workload import Request, Workload
@@ -140,14 +143,16 @@ async def _reachable(session: aiohttp.ClientSession, url: str) -> bool:
 
 
 async def _cache_salt(session: aiohttp.ClientSession, url: str) -> str | None:
-    """A fresh prefix-cache salt for a vLLM server (it answers /version); None for other servers,
-    which may refuse a field they do not know."""
+    """A fresh prefix-cache salt for a vLLM server that takes one (it answers /version with 0.11 or
+    later; 0.9-0.10 refuse the field on their V0 engine); None for other servers, which may refuse
+    a field they do not know."""
     try:
         async with session.get(f"{url}/version", timeout=aiohttp.ClientTimeout(total=5)) as response:
             found = await response.json(content_type=None) if response.status == 200 else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        release = Version(str(found["version"])).release if isinstance(found, dict) else ()
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, InvalidVersion):
         return None
-    return f"llmopt-{secrets.token_hex(8)}" if isinstance(found, dict) and "version" in found else None
+    return f"llmopt-{secrets.token_hex(8)}" if release >= (0, 11) else None
 
 
 async def run_level(url: str, model: str, workload: Workload, concurrency: int, settings: RunSettings,
@@ -158,7 +163,8 @@ async def run_level(url: str, model: str, workload: Workload, concurrency: int, 
         salt = await _cache_salt(session, url)
         warmup = settings.warmup_requests if settings.warmup_requests is not None else concurrency
         if warmup:
-            await asyncio.gather(*(_send(session, url, request_body(model, r, workload, salt), -1, settings.timeout_s)
+            await asyncio.gather(*(_send(session, url, request_body(model, r, workload, salt and f"{salt}-warmup"), -1,
+                                         settings.timeout_s)
                                    for r in workload.take(warmup)))
         before = await _scrape(session, url)
         count = settings.requests_per_level if settings.duration_s is None else None
@@ -182,7 +188,8 @@ async def run_level(url: str, model: str, workload: Workload, concurrency: int, 
                     return
                 index = next_index
                 next_index += 1
-                record = await _send(session, url, request_body(model, plan[index % len(plan)], workload, salt), index, settings.timeout_s)
+                body = request_body(model, plan[index % len(plan)], workload, salt and f"{salt}-{index // len(plan)}")
+                record = await _send(session, url, body, index, settings.timeout_s)
                 records.append(record)
                 if on_done is not None:
                     on_done(record)

@@ -4,12 +4,11 @@ finalize the folder with its manifest."""
 from __future__ import annotations
 
 import logging
-import resource
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from llmopt import artifact, hashing, roofline, techniques
+from llmopt import artifact, hashing, procs, roofline, techniques
 from llmopt.engine import platform, vllm
 from llmopt.sources import Model
 from llmopt.techniques import measure, package
@@ -92,7 +91,7 @@ def build(
         **{section: record.model_dump() for section, record in ctx.metrics.items()},
         size_bytes=sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file()),
         source_size_bytes=source.size_bytes,
-        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_rss_bytes=procs.peak_rss_bytes(),
         weights_read_per_token_bytes=roofline.traffic(workdir).weights_bytes or None,
     )
     manifest = artifact.Manifest(

@@ -240,13 +240,10 @@ def _measure(rec: Recommendation, candidate: Candidate, plan: Plan, events: Even
     aborted = next((level.aborted for level in found if level.aborted), None)
     if aborted:
         raise LlmoptError(f"its load test ended early: {aborted}", "see the endpoint's log")
-    if rates is not None and target.weights is not None:
-        traffic = roofline.traffic(target.weights)
-        for level in found:
-            level.decode_bound = benchmark.decode_bound(level, traffic, rates)
+    benchmark.decode_bounds(found, target.weights, target.result.engine, rates)
     result = target.result.model_copy(update={"equal_work": found})
     (rec.folder / "candidates").mkdir(parents=True, exist_ok=True)
-    (rec.folder / "candidates" / f"{candidate.name}.json").write_text(result.model_dump_json(indent=2))
+    paths.write_atomic(rec.folder / "candidates" / f"{candidate.name}.json", result.model_dump_json(indent=2))
     metrics = manifest.metrics
     agreement = metrics.greedy_agreement.token_agreement if metrics.greedy_agreement else None
     rec.rows = [r for r in rec.rows if r.candidate != candidate.name] + [

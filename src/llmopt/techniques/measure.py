@@ -102,7 +102,7 @@ def _base(ctx: BuildContext) -> SourceNumbers:
     with served(ctx, ctx.source.path, EngineConfig(), "measure-base") as run:
         base = SourceNumbers(perplexity=quality.perplexity(run.server.url, run.running.served_name, corpus.heldout_texts()),
                              greedy_tokens=_greedy(ctx, run))
-    cached.write_text(base.model_dump_json())
+    paths.write_atomic(cached, base.model_dump_json())
     return base
 
 

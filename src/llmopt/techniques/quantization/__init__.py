@@ -11,7 +11,6 @@ import importlib.metadata as md
 import json
 import logging
 import os
-import resource
 import shutil
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import psutil
 
 from pydantic import BaseModel
 
-from llmopt import hashing, paths
+from llmopt import hashing, paths, procs
 from llmopt.errors import LlmoptError
 from llmopt.sources import Model
 from llmopt.techniques.base import BuildContext, CheckContext, Step, Technique
@@ -214,7 +213,7 @@ def _quantize(q: Quantization, source_model: Model, dest: Path, tensor_parallel:
 
     record = QuantizationRecord(
         scheme=q, calibration=described, group_size=fitted.group_size, block_size=fitted.block_size, fit_note=fitted.note,
-        seconds=round(time.monotonic() - started, 1), peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        seconds=round(time.monotonic() - started, 1), peak_rss_bytes=procs.peak_rss_bytes(),
         estimated_peak_bytes=estimate_peak_bytes(q, config, source_model.size_bytes), size_bytes=_weight_bytes(dest),
         source_size_bytes=_weight_bytes(source),
     )
