@@ -47,6 +47,20 @@ def _sub(name: str) -> Path:
     return path
 
 
+def engine_fact(name: str) -> Path:
+    """Where a fact about this machine or engine is kept once learnt (slow to learn, cheap to read)."""
+    return home() / "engine-facts" / name
+
+
+def keep_fact(path: Path, text: str) -> None:
+    """Keep a fact for next time, if the home can take it; one that cannot is learnt again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text)
+    except OSError:
+        pass
+
+
 def write_atomic(path: Path, text: str, private: bool = False) -> None:
     """Write `path` through a temporary file beside it and a rename: a reader (or a process that
     dies mid-write) sees the old file or the new one, never a part; concurrent writers each rename

@@ -92,7 +92,7 @@ def machine_rates(hw: platform.Hardware | None = None) -> Rates | None:
     hw = hw or platform.detect()
     if hw.device != "cpu":
         return None
-    kept = paths.home() / "engine-facts" / f"rates-{names.slug(hw.cpu_model, 'cpu')}-{hw.cores}-cores.json"
+    kept = paths.engine_fact(f"rates-{names.slug(hw.cpu_model, 'cpu')}-{hw.cores}-cores.json")
     try:
         return Rates(**json.loads(kept.read_text()))
     except (OSError, ValueError, TypeError):
@@ -101,11 +101,7 @@ def machine_rates(hw: platform.Hardware | None = None) -> Rates | None:
         found = measure_rates(hw.cores)
     except (RuntimeError, OSError, ValueError, TypeError, IndexError, subprocess.TimeoutExpired):
         return None  # no room for the 2 GiB it reads, say: no bound shown, nothing else lost
-    try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        paths.write_atomic(kept, json.dumps(asdict(found)))
-    except OSError:
-        pass  # a home that cannot take it measures again next time
+    paths.keep_fact(kept, json.dumps(asdict(found)))
     return found
 
 

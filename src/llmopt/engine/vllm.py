@@ -250,7 +250,7 @@ def attention_head_sizes(hw: platform.Hardware) -> list[int] | None:
         stamp = f"{found.st_size}-{found.st_mtime_ns}"
     except OSError:
         stamp = "unknown"
-    kept = paths.home() / "engine-facts" / f"{dist}-{version}-{stamp}-cpu-attention-head-sizes.json"
+    kept = paths.engine_fact(f"{dist}-{version}-{stamp}-cpu-attention-head-sizes.json")
     try:
         sizes = [int(size) for size in json.loads(kept.read_text())]
         if sizes:
@@ -260,11 +260,7 @@ def attention_head_sizes(hw: platform.Hardware) -> list[int] | None:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     sizes = [int(size) for size in CPUAttentionBackend.get_supported_head_sizes()]
-    try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        paths.write_atomic(kept, json.dumps(sizes))
-    except OSError:
-        pass  # a home that cannot take it asks vLLM again next time
+    paths.keep_fact(kept, json.dumps(sizes))
     return sizes
 
 
