@@ -11,7 +11,7 @@ import pytest
 
 import llmopt
 from llmopt import AWQ, FP8, Calibration, KVCache, Recipe, SmoothQuant
-from llmopt import artifact, client, corpus, sources, techniques
+from llmopt import artifact, client, corpus, roofline, sources, techniques
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
@@ -27,6 +27,8 @@ SCHEMES = {
     "awq": (Recipe(quantization=AWQ(max_perplexity_increase=0.15)), "CPUWNA16LinearKernel", "pack-quantized"),
     # the built-in smoothquant recipe: the session's `smoothquant` fixture builds it, this job reuses its artifact
     "smoothquant": (Recipe(quantization=SmoothQuant()), "CPUInt8ScaledMMLinearKernel", "int-quantized"),
+    # the lm_head too (untied from the embeddings, INT8 per channel): the bytes every token reads
+    "smoothquant-lm-head": (Recipe(quantization=SmoothQuant(ignore=[])), "CPUInt8ScaledMMLinearKernel", "int-quantized"),
     # needs AMX tiles on CPU: refused by the matrix on other processors, which the test then checks instead
     "fp8-block": (Recipe(quantization=FP8(scheme="block")), "CPUFp8BlockScaledMMKernel", "float-quantized"),
     "kv-fp8": (Recipe(kv_cache=KVCache(dtype="fp8")), None, None),
@@ -78,6 +80,12 @@ def test_scheme_end_to_end(quantized, baseline: llmopt.Job, smol: sources.Model)
         assert q.size_bytes < 0.7 * q.source_size_bytes
         assert q.source_size_bytes == (Path(smol.path) / "model.safetensors").stat().st_size
         assert kernel in metrics.kernels.values(), metrics.kernels  # vLLM's kernel choice is recorded
+        lm_head = roofline.tensors(job.artifact).get("lm_head.weight")
+        if "lm_head" in manifest.recipe.quantization.ignore:  # tied: the bf16 embedding matrix serves as the lm_head
+            assert lm_head is None and config["tie_word_embeddings"]
+        else:  # served from its INT8 weights, which vLLM finds by name
+            assert lm_head["dtype"] == "I8" and not config["tie_word_embeddings"]
+            assert all("lm_head" in g["targets"] for g in config["quantization_config"]["config_groups"].values())
     else:
         assert "quantization_config" not in config and manifest.engine.settings.kv_cache_dtype == "fp8"
 

@@ -264,7 +264,7 @@ class SpeculativeTechnique(Technique):
         with served(ctx, str(ctx.workdir), ctx.engine, "sweep-with") as run:
             for base in without:
                 level = plan.model_copy(update={"concurrency": (base.concurrency,)})
-                rows.append(_row(base, levels.measure(run.server.url, run.running.served_name, str(ctx.workdir), level)[0]))
+                rows.append(sweep_row(base, levels.measure(run.server.url, run.running.served_name, str(ctx.workdir), level)[0]))
                 ctx.log.info("speculation against none, equal work: %s", _table(rows))
                 if rows[-1].loses:
                     break
@@ -323,7 +323,9 @@ def _table(rows: list[SweepRow]) -> str:
         for r in rows)
 
 
-def _row(base: Level, spec: Level) -> SweepRow:
+def sweep_row(base: Level, spec: Level) -> SweepRow:
+    """Speculation against none at one level, on equal work: the ratio with its interval, decode
+    speed-up, TTFT cost and acceptance."""
     accepted = spec.speculative
     speedup = compare.throughput_ratio(spec, base, spec.output_tokens_per_s, base.output_tokens_per_s,
                                        lambda s: s.output_tokens, "higher", "equal work")

@@ -148,6 +148,12 @@ class QuantizationTechnique(Technique):
 TECHNIQUE = QuantizationTechnique()
 
 
+# What llmopt itself changes in a checkpoint after llm-compressor writes it; bumped when that
+# changes, so weights kept under the old key are not linked into new artifacts
+# (2: a quantized lm_head named in the config groups, see _name_lm_head)
+CHECKPOINT_FORMAT = 2
+
+
 def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_parallel: int,
                    log: logging.Logger, progress: Callable[[float], None]) -> QuantizationRecord:
     """Quantize a model folder into `dest` as a compressed-tensors checkpoint; returns what the
@@ -161,6 +167,7 @@ def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_para
         "source": source_model.content_hash, "scheme": q.model_dump(mode="json"), "tensor_parallel": tensor_parallel,
         "calibration": calibration.fingerprint(q.calibration) if schemes.needs_calibration(q) else None,  # type: ignore[union-attr]
         "llmcompressor": _version("llmcompressor"), "compressed_tensors": _version("compressed-tensors"),
+        "checkpoint": CHECKPOINT_FORMAT,
     })
     kept = paths.home() / "quantized" / key
     if (kept / KEPT_RECORD).is_file():
@@ -208,6 +215,8 @@ def _quantize(q: Quantization, source_model: Model, dest: Path, tensor_parallel:
     progress(0.9)
     _copy_non_weight_files(source, dest)
     model.save_pretrained(dest, save_compressed=True)
+    if "lm_head" not in q.ignore:
+        _name_lm_head(dest / "config.json")
     tokenizer.save_pretrained(dest)
     (dest / "recipe.yaml").unlink(missing_ok=True)  # llm-compressor's own; the manifest has ours
 
@@ -221,6 +230,16 @@ def _quantize(q: Quantization, source_model: Model, dest: Path, tensor_parallel:
              q.method, record.seconds, record.source_size_bytes / 1e6, record.size_bytes / 1e6, record.peak_rss_bytes / 2**30)
     progress(1.0)
     return record
+
+
+def _name_lm_head(config_file: Path) -> None:
+    """A quantized lm_head must be named in the checkpoint's config groups: compressed-tensors
+    writes the class name "Linear", which vLLM matches to its own linear layers only, and vLLM's
+    lm_head is a ParallelLMHead (it would then look for bf16 weights and find INT8 ones)."""
+    config = json.loads(config_file.read_text())
+    for group in config["quantization_config"]["config_groups"].values():
+        group["targets"] = [*group["targets"], "lm_head"]
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _version(distribution: str) -> str | None:

@@ -32,13 +32,17 @@ class Calibration(Section):
     sequence_length: int = Field(384, gt=0, le=32768)
 
 
+IGNORE = ("Modules left unquantized: names, or 're:' regular expressions. [] quantizes the lm_head too, which "
+          "every decoded token reads in full (on SmolLM2, 28M of 135M parameters): see benchmarks/README.md, roofline.py.")
+
+
 class AWQ(Section):
     """INT4 weight-only (W4A16) with activation-aware scaling."""
 
     method: Literal["awq"] = "awq"
     group_size: int = Field(128, gt=0, le=4096)
     symmetric: bool = False
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=IGNORE)
     calibration: Calibration = Field(default_factory=Calibration)
     max_perplexity_increase: float = Field(0.12, ge=0, le=10, description="Quality budget, as a fraction.")
 
@@ -49,7 +53,7 @@ class SmoothQuant(Section):
     method: Literal["smoothquant"] = "smoothquant"
     alpha: float = Field(0.8, gt=0, lt=1)
     weights: Literal["gptq", "rtn"] = "gptq"
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=IGNORE)
     calibration: Calibration = Field(default_factory=Calibration)
     max_perplexity_increase: float = Field(0.03, ge=0, le=10)
 
@@ -60,7 +64,7 @@ class FP8(Section):
     method: Literal["fp8"] = "fp8"
     scheme: Literal["block", "dynamic"] = "block"
     block_size: tuple[int, int] = (128, 128)
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=IGNORE)
     max_perplexity_increase: float = Field(0.02, ge=0, le=10)
 
 
