@@ -77,7 +77,8 @@ def test_scheme_end_to_end(quantized, baseline: llmopt.Job, smol: sources.Model)
         assert q.method == manifest.recipe.quantization.method
         assert q.seconds > 0 and q.peak_rss_bytes > 2 * q.size_bytes
         assert q.peak_rss_bytes <= q.estimated_peak_bytes, "the memory estimate must bound the real peak"
-        assert q.size_bytes < 0.7 * q.source_size_bytes
+        # an lm_head quantized apart from the embeddings adds its INT8 copy to the checkpoint (192 of 269 MB)
+        assert q.size_bytes < (0.7 if "lm_head" in manifest.recipe.quantization.ignore else 0.75) * q.source_size_bytes
         assert q.source_size_bytes == (Path(smol.path) / "model.safetensors").stat().st_size
         assert kernel in metrics.kernels.values(), metrics.kernels  # vLLM's kernel choice is recorded
         lm_head = roofline.tensors(job.artifact).get("lm_head.weight")
