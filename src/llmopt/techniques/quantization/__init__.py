@@ -20,7 +20,7 @@ import psutil
 
 from pydantic import BaseModel
 
-from llmopt import hashing, paths, procs
+from llmopt import hashing, paths, procs, roofline
 from llmopt.errors import LlmoptError
 from llmopt.sources import Model
 from llmopt.techniques.base import BuildContext, CheckContext, Step, Technique
@@ -215,7 +215,7 @@ def _quantize(q: Quantization, source_model: Model, dest: Path, tensor_parallel:
     progress(0.9)
     _copy_non_weight_files(source, dest)
     model.save_pretrained(dest, save_compressed=True)
-    if "lm_head" not in q.ignore:
+    if "lm_head.weight_scale" in roofline.tensors(dest):  # as written, whatever `ignore` spelled
         _name_lm_head(dest / "config.json")
     tokenizer.save_pretrained(dest)
     (dest / "recipe.yaml").unlink(missing_ok=True)  # llm-compressor's own; the manifest has ours
