@@ -1,10 +1,13 @@
-"""Cold against precompiled engine starts, side by side: process start to ready, same model, same
-flags, same machine.
+"""Engine starts side by side: cold, precompiled as llmopt starts it, and precompiled the way
+llmopt did before (vLLM's own server with its saved compiled model off, Inductor's caches only).
+Process start to ready, same model, same flags, same machine, with each start's phases from the
+engine's log (`vllm.start_phases`).
 
 Each round deletes the compile-cache entry for the configuration, deploys (a cold start: vLLM
-compiles and llmopt's compile cache stores the code), stops, and deploys again (a precompiled
-start: the code is loaded, nothing is compiled). Reports the medians and their ratio, and checks
-that every precompiled start compiled nothing. Writes benchmarks/results/compile_cache.json.
+compiles and saves the compiled model into llmopt's compile cache), stops, deploys again (a
+precompiled start: the saved model is loaded, nothing is traced or compiled), then starts vLLM's
+plain server against a scratch Inductor cache filled by a cold start of its own. Reports the
+medians and ratios. Writes benchmarks/results/compile_cache.json.
 Usage: python benchmarks/compile_cache.py [rounds]
 """
 
@@ -14,11 +17,13 @@ import json
 import shutil
 import statistics
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import llmopt
 from llmopt import EngineConfig, sources
-from llmopt.engine import compile_cache, platform
+from llmopt.engine import compile_cache, platform, vllm
 
 MODEL = "smollm2-135m-instruct"
 ENGINE = EngineConfig(max_model_len=4096, max_num_seqs=16)
@@ -29,22 +34,53 @@ def start() -> compile_cache.Start:
         return endpoint.start
 
 
+def plain_start(cache: Path, log: Path) -> tuple[float, dict[str, float]]:
+    """vLLM's own server, its saved-model load off, Inductor's caches in `cache`."""
+    hw = platform.detect()
+    env = {**vllm.environment(ENGINE, hw), "VLLM_USE_AOT_COMPILE": "0",
+           "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "VLLM_CACHE_ROOT": str(cache / "vllm")}
+    port = vllm.free_port()
+    started_at, started = time.time(), time.monotonic()
+    server = vllm.start_server(vllm.server_argv(sources.resolve(MODEL).path, ENGINE, MODEL, vllm.DEFAULT_HOST, port),
+                               env, log, vllm.DEFAULT_HOST, port, dies_with_caller=True)
+    try:
+        server.wait_ready(900)
+        ready = time.monotonic() - started
+        return ready, vllm.start_phases(log.read_text(errors="replace"), started_at, ready)
+    finally:
+        server.stop()
+
+
 def main(rounds: int) -> None:
-    cold, warm = [], []
+    cold, warm, plain, phases = [], [], [], {}
     for r in range(rounds):
         entry = compile_cache.entry_for(sources.resolve(MODEL).path, ENGINE, platform.detect())
         shutil.rmtree(entry.path)  # this round's cold start begins from nothing
         first = start()
         second = start()
         assert first.outcome == "compiled" and second.outcome == "precompiled", (first, second)
+        with tempfile.TemporaryDirectory() as scratch:
+            plain_start(Path(scratch), Path(scratch) / "cold.log")  # fills the scratch Inductor cache
+            before, before_phases = plain_start(Path(scratch), Path(scratch) / "warm.log")
         cold.append(first.ready_seconds)
         warm.append(second.ready_seconds)
+        plain.append(round(before, 2))
+        phases = {"cold": first.phases, "precompiled": second.phases, "precompiled, saved model off": before_phases}
         print(f"round {r + 1}: cold {cold[-1]:.1f} s, precompiled {warm[-1]:.1f} s "
-              f"({second.compiled_files_added} files compiled)", flush=True)
-    row = {"model": MODEL, "engine": ENGINE.model_dump(mode="json"), "rounds": rounds, "cold_s": cold, "precompiled_s": warm,
-           "cold_median_s": statistics.median(cold), "precompiled_median_s": statistics.median(warm)}
+              f"({second.compiled_files_added} files compiled), precompiled with the saved model off {plain[-1]:.1f} s", flush=True)
+    row = {"model": MODEL, "processor": platform.detect().cpu_model, "engine": ENGINE.model_dump(mode="json"),
+           "rounds": rounds, "cold_s": cold, "precompiled_s": warm, "precompiled_saved_model_off_s": plain,
+           "cold_median_s": statistics.median(cold), "precompiled_median_s": statistics.median(warm),
+           "precompiled_saved_model_off_median_s": statistics.median(plain), "last_round_phases_s": phases}
     row["ratio"] = round(row["precompiled_median_s"] / row["cold_median_s"], 3)
-    print(f"\ncold start median {row['cold_median_s']:.1f} s, precompiled {row['precompiled_median_s']:.1f} s: {row['ratio']}x")
+    row["saved_model_off_ratio"] = round(row["precompiled_saved_model_off_median_s"] / row["cold_median_s"], 3)
+    print(f"\ncold start median {row['cold_median_s']:.1f} s, precompiled {row['precompiled_median_s']:.1f} s "
+          f"({row['ratio']}x), with the saved model off {row['precompiled_saved_model_off_median_s']:.1f} s "
+          f"({row['saved_model_off_ratio']}x)")
+    names = list(next(iter(phases.values())))
+    print(f"\n{'phase (last round)':<60}" + "".join(f"{k[:28]:>30}" for k in phases))
+    for name in names:
+        print(f"{name:<60}" + "".join(f"{p.get(name, 0):>30.1f}" for p in phases.values()))
     out = Path(__file__).parent / "results" / "compile_cache.json"
     out.write_text(json.dumps(row, indent=2) + "\n")
     print(f"wrote {out}")

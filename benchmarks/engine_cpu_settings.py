@@ -1,9 +1,10 @@
 """The effect of the CPU engine settings llmopt chooses, measured side by side in one run.
 
-Four deployments of SmolLM2-135M on this machine: vLLM's defaults (one core reserved for the
+Five deployments of SmolLM2-135M on this machine: vLLM's defaults (one core reserved for the
 front end, nothing preloaded, the model in a worker process of its own), no core reserved,
-tcmalloc and Intel OpenMP preloaded too, and llmopt's choice (all of that, with the model run
-inside the engine-core process instead of a worker process that busy-waits against it). Decode
+tcmalloc and Intel OpenMP preloaded too, llmopt's choice (all of that, with the model run
+inside the engine-core process instead of a worker process that busy-waits against it), and
+llmopt's choice with one model thread instead of two. Decode
 speed at batch 1 and 8 with fixed lengths (64 in, 128 out, end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json.
 """
 
@@ -20,6 +21,10 @@ CONFIGS = {
     "0 reserved, no preload": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp"),
     "0 reserved, preload": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp"),
     "llmopt (0 reserved, preload, no worker)": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni"),
+    # one OpenMP thread: the model's threads no longer wait at each parallel loop's barrier for a
+    # thread the front end has taken the other core from
+    "one model thread (1 reserved, preload, no worker)": EngineConfig(max_model_len=2048, reserved_cpus=1, preload=True,
+                                                                       executor="uni"),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
 

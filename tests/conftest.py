@@ -8,6 +8,7 @@ tier. An unmarked test that tries to start one fails at once, so the tiers stay 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,11 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+
+# A suite started in the background by a non-interactive shell (`pytest &`) inherits SIGINT ignored,
+# and so would every command it starts, since Python keeps an inherited SIG_IGN: the CLI would never
+# see the ctrl-c its test sends. The commands get what a terminal gives them instead.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Every test session gets a fresh llmopt home, set before llmopt is imported anywhere.
 os.environ["LLMOPT_HOME"] = tempfile.mkdtemp(prefix="llmopt-test-home-")

@@ -40,14 +40,19 @@ def test_job_compiles_for_its_shapes_and_records_both_starts(compiled: llmopt.Jo
     assert c.ratio == pytest.approx(c.precompiled_ready_seconds / c.cold_ready_seconds, abs=1e-3)
     shipped = json.loads((compiled.artifact / compile_cache.ARTIFACT_DIR / compile_cache.KEY_FILE).read_text())
     assert shipped["key"] == c.key and shipped["components"]["settings"]["max_num_seqs"] == 8
-    assert any((compiled.artifact / compile_cache.ARTIFACT_DIR / "inductor").rglob("*.py")), "compiled kernels are shipped"
+    shipped_models = list((compiled.artifact / compile_cache.ARTIFACT_DIR / "vllm").rglob("torch_aot_compile/*/rank_0_0/model"))
+    assert shipped_models, "vLLM's saved compiled model is shipped"
     # the measure step's start, after the compile step, compiled nothing
     assert manifest.metrics.start.outcome == "precompiled" and manifest.metrics.start.compiled_files_added == 0
+    # where the start's time went, phase by phase, from the engine's log (vLLM stamps it to the second)
+    assert list(manifest.metrics.start.phases) == [name for name, _ in vllm.START_PHASES]
+    assert sum(manifest.metrics.start.phases.values()) == pytest.approx(manifest.metrics.start.ready_seconds, abs=0.5)
     assert manifest.metrics.greedy_agreement.identical_outputs == 1.0  # compiling changes no output
 
 
 def _compiled_code(entry: Path) -> dict[Path, int]:
-    return {p: p.stat().st_mtime_ns for p in (entry / "inductor").rglob("*") if "locks" not in p.parts}
+    return {p: p.stat().st_mtime_ns for folder in compile_cache.COMPILED_DIRS for p in (entry / folder).rglob("*")
+            if "locks" not in p.parts}
 
 
 @pytest.mark.engine
@@ -58,12 +63,15 @@ def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llm
     result = run_cli("deploy", str(compiled.artifact), "--name", "compiled-ep")
     assert result.returncode == 0, result.stderr
     assert "start: precompiled (compile cache" in result.stdout and "no graph compiled" in result.stdout
+    assert "start phases: server process and imports" in " ".join(result.stdout.split())
     try:
         endpoint = llmopt.get_endpoint("compiled-ep")
         cache = endpoint.start
         assert cache.key == key and cache.outcome == "precompiled" and cache.compiled_files_added == 0
         assert endpoint.environment["TORCHINDUCTOR_CACHE_DIR"] == str(entry / "inductor")
         assert _compiled_code(entry) == before, "a precompiled start writes no compiled code"
+        # vLLM loaded its saved compiled model (engine/serve.py's fix), so it traced nothing either
+        assert "Directly load AOT compilation" in Path(endpoint.log_path).read_text()
         # the baseline artifact's engine compiled its graphs at start; the outputs are the same
         greedy = quality.greedy_tokens(endpoint.url, endpoint.served_name)
         assert greedy == artifact.verify(baseline.artifact).metrics.greedy_tokens
@@ -169,3 +177,16 @@ def test_a_start_that_died_compiling_leaves_nothing_to_load(tmp_path: Path, monk
     assert after.discarded == 2 and entry.compiled_files() == set()
     result = after.ready(2.0)
     assert result.outcome == "compiled" and result.discarded_interrupted_compile_files == 2
+
+
+def test_start_phases_from_a_real_log_and_from_anything() -> None:
+    """A precompiled start of SmolLM2-135M with SmoothQuant (the engine's log, routes left out)."""
+    log = (Path(__file__).parent / "golden" / "engine-start.log").read_text()
+    started = time.mktime(time.strptime("2026-11-23 23:42:57", "%Y-%m-%d %H:%M:%S")) + 0.135
+    assert vllm.start_phases(log, started, 20.09) == {
+        "server process and imports": 5.9, "engine-core process and imports": 7.0, "model and weights": 1.0,
+        "warm-up: trace and compile, or load compiled; profile run": 3.0, "KV cache, server up": 3.2}
+    # a log cut short, or not vLLM's: what is found, never more than the start took, never an exception
+    assert vllm.start_phases(log[:log.index("Warming up model")], started, 20.09) == {
+        "server process and imports": 5.9, "engine-core process and imports": 7.0, "KV cache, server up": 7.2}
+    assert vllm.start_phases("(APIServer pid=1) INFO 99-99 99:99:99 x\n", started, 3.0) == {"KV cache, server up": 3.0}

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmopt import artifact, jsonl, recipe
+from llmopt.engine import vllm
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import workload
 
@@ -90,3 +91,18 @@ def test_a_manifest_is_a_manifest_or_one_error(data: object, tmp_path_factory) -
         artifact.load(folder)
     except LlmoptError as exc:
         assert "\n" not in exc.one_line()
+
+
+LOG_LINE = st.builds(lambda who, stamp, text: f"({who} pid=1) INFO {stamp} [x.py:1] {text}",
+                     st.sampled_from(["APIServer", "EngineCore", "Worker"]),
+                     st.from_regex(r"\d\d-\d\d \d\d:\d\d:\d\d", fullmatch=True),
+                     st.sampled_from(["Initializing a V1 LLM engine", "Warming up model for the compilation...",
+                                      "Warming up done.", "anything"]))
+
+
+@FAST
+@given(lines=st.lists(st.one_of(LOG_LINE, st.text(max_size=40)), max_size=12), ready=st.floats(0, 1e4))
+def test_an_engine_log_gives_start_phases_within_the_start(lines: list[str], ready: float) -> None:
+    phases = vllm.start_phases("\n".join(lines), 1_795_477_377.0, ready)
+    assert all(seconds >= 0 for seconds in phases.values())
+    assert sum(phases.values()) <= ready + 0.05 * len(phases) + 1e-6

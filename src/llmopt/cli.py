@@ -172,6 +172,8 @@ def deploy(
                   + (" (every route asks for the API key)" if endpoint.api_key else ""))
     if endpoint.start is not None:
         console.print(_start_line(endpoint.start))
+        if endpoint.start.phases:
+            console.print("start phases: " + ", ".join(f"{name} {s:.1f} s" for name, s in endpoint.start.phases.items()))
     console.print(f"stop it with: llmopt endpoints stop {endpoint.name}")
 
 

@@ -137,13 +137,14 @@ def launch(
         with compile_cache.Watch(compile_cache.entry_for(model_path, engine, hw)) as cache:
             endpoint.environment = env = {**env, **cache.entry.env}
             argv = vllm.server_argv(model_path, engine, served_name, host, port, trust_remote_code, chat_template,
-                                    guarded=api_key is not None or not has_chat)
+                                    guarded=api_key is not None or not has_chat, module=vllm.LOCAL_SERVER_MODULE)
             server = vllm.start_server(argv, env, log_path, host, port, secret_env=vllm.secret_env(api_key),
                                        dies_with_caller=temporary)
             ENDPOINTS.update(name, pid=server.pid, pid_create_time=server.create_time, environment=env)
             endpoint.pid, endpoint.pid_create_time = server.pid, server.create_time
             server.wait_ready(timeout_s, endpoint.headers)
-            endpoint.start = cache.ready(round(time.time() - endpoint.started_at, 2))
+            ready = round(time.time() - endpoint.started_at, 2)
+            endpoint.start = cache.ready(ready, vllm.start_phases(log_path.read_text(errors="replace"), endpoint.started_at, ready))
         endpoint.verified = verify(endpoint)
     except BaseException as exc:
         reason = exc.problem.splitlines()[0] if isinstance(exc, LlmoptError) else f"interrupted ({type(exc).__name__})"

@@ -1,14 +1,11 @@
 """The compile cache: torch.compile/Inductor artifacts of vLLM engine starts, one folder per key,
 where the key is everything that makes compiled code valid.
 
-Why not vLLM's own AOT cache: on CPU, vLLM 0.32 compiles with mode DYNAMO_TRACE_ONCE and the stock
-"inductor" backend, so the function it saves is torch's plain serializable callable; loading it
-calls `compiled_fn.finalize_loading()`, which only vLLM's own VllmSerializableFunction has
-(compilation/decorators.py, `_try_load_aot_compiled_fn`), so every start logs "Compiling model
-again due to a load failure" and compiles from scratch. llmopt turns that path off
-(VLLM_USE_AOT_COMPILE=0) and points Inductor's FX-graph and AOTAutograd caches
-(TORCHINDUCTOR_CACHE_DIR) at the entry for the start's key. Those caches key each graph by its
-own content as well, so a wrong entry can cost a compile but never run stale code; the key here
+Each entry holds vLLM's own saved compiled model (`VLLM_USE_AOT_COMPILE`: Dynamo's trace and
+Inductor's code together, under VLLM_CACHE_ROOT), so a precompiled start neither traces nor
+compiles. vLLM 0.32 cannot load that on CPU by itself; the server llmopt starts
+(`engine/serve.py`, `vllm.LOCAL_SERVER_MODULE`) carries the fix, and so the entry's environment
+goes with that server only. vLLM checks the traced source files when it loads, and the key here
 keeps entries for different models, shapes and machines apart, countable and prunable.
 """
 
@@ -29,11 +26,12 @@ from llmopt import hashing, paths
 from llmopt.engine import platform, vllm
 from llmopt.engine.config import EngineConfig
 
-SCHEMA = 2
+SCHEMA = 3  # 3: vLLM's saved compiled model (2: Inductor's FX-graph cache only)
 KEY_FILE = "key.json"
 LOCK_FILE = ".lock"
 STARTING_FILE = ".starting"  # present while a start that may compile is under way
 ARTIFACT_DIR = "compile-cache"  # an artifact's own copy of its entry
+COMPILED_DIRS = ("inductor", "vllm")
 # Settings that do not change compiled code: sampling, memory, and where processes and threads run.
 IRRELEVANT_SETTINGS = frozenset({"seed", "kv_cache_gib", "gpu_memory_utilization", "reserved_cpus", "preload", "executor"})
 def weights_hash(model_path: str | Path) -> str:
@@ -77,6 +75,7 @@ class Start(BaseModel):
     ready_seconds: float
     cold_ready_seconds: float | None = None  # the entry's first, compiling start
     discarded_interrupted_compile_files: int = 0
+    phases: dict[str, float] = {}  # seconds by phase of the start, from the server's log (`vllm.start_phases`)
 
 
 @dataclass
@@ -87,16 +86,18 @@ class Entry:
 
     @property
     def env(self) -> dict[str, str]:
+        """For a start by `vllm.LOCAL_SERVER_MODULE`: vLLM points Inductor's own cache into its
+        saved model's folder; Inductor's folder here takes what compiles outside that."""
         return {
-            "VLLM_USE_AOT_COMPILE": "0",
+            "VLLM_USE_AOT_COMPILE": "1",
             "TORCHINDUCTOR_CACHE_DIR": str(self.path / "inductor"),
             "VLLM_CACHE_ROOT": str(self.path / "vllm"),
         }
 
     def compiled_files(self) -> set[str]:
-        """Compiled graphs and kernels stored so far (lock files excluded)."""
-        root = self.path / "inductor"
-        return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and "locks" not in p.parts} if root.is_dir() else set()
+        """Compiled models, graphs and kernels stored so far (lock files excluded)."""
+        return {p.relative_to(self.path).as_posix() for folder in COMPILED_DIRS for p in (self.path / folder).rglob("*")
+                if p.is_file() and "locks" not in p.parts}
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -127,12 +128,12 @@ class Watch:
         self.discarded = 0
         if marker.exists():
             self.discarded = len(entry.compiled_files())
-            for folder in ("inductor", "vllm"):
+            for folder in COMPILED_DIRS:
                 shutil.rmtree(entry.path / folder, ignore_errors=True)
         marker.write_text(str(os.getpid()))
         self.before = entry.compiled_files()
 
-    def ready(self, ready_seconds: float) -> "Start":
+    def ready(self, ready_seconds: float, phases: dict[str, float] | None = None) -> "Start":
         """The engine answered: what it compiled is whole. Lets the next start of this key go."""
         added = len(self.entry.compiled_files() - self.before)
         if not self.before:
@@ -142,7 +143,7 @@ class Watch:
         outcome = "precompiled" if self.before and not added else "compiled" if not self.before else "partly compiled"
         return Start(key=self.entry.key, outcome=outcome, compiled_files_added=added, ready_seconds=ready_seconds,
                      cold_ready_seconds=self.entry.meta.get("cold_ready_seconds"),
-                     discarded_interrupted_compile_files=self.discarded)
+                     discarded_interrupted_compile_files=self.discarded, phases=phases or {})
 
     def __enter__(self) -> "Watch":
         return self

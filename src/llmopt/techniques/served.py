@@ -40,14 +40,15 @@ def served(ctx: BuildContext, model_path: str, engine: EngineConfig, purpose: st
     ctx.log.info("serving %s; engine log: %s", model_path, log_path)
     host = vllm.DEFAULT_HOST
     with compile_cache.Watch(compile_cache.entry_for(model_path, config, ctx.hardware)) as cache:
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         port = vllm.free_port(host)
         env = {**vllm.environment(config, ctx.hardware), **cache.entry.env}
-        server = vllm.start_server(vllm.server_argv(model_path, config, SERVED_NAME, host, port), env, log_path, host, port,
+        server = vllm.start_server(vllm.server_argv(model_path, config, SERVED_NAME, host, port, module=vllm.LOCAL_SERVER_MODULE), env, log_path, host, port,
                                    own_session=False, dies_with_caller=True)
         try:
             server.wait_ready(READY_TIMEOUT_S)
             ready = round(time.monotonic() - started, 2)
-            yield Served(server, log_path, ready, cache.ready(ready), cache.entry)
+            phases = vllm.start_phases(log_path.read_text(errors="replace"), started_at, ready)
+            yield Served(server, log_path, ready, cache.ready(ready, phases), cache.entry)
         finally:
             server.stop()
