@@ -136,7 +136,8 @@ def launch(
         log_path.unlink(missing_ok=True)
         with compile_cache.Watch(compile_cache.entry_for(model_path, engine, hw)) as cache:
             endpoint.environment = env = {**env, **cache.entry.env}
-            argv = vllm.server_argv(model_path, engine, served_name, host, port, trust_remote_code, chat_template,
+            path, linked = cache.served(model_path, engine)
+            argv = vllm.server_argv(path, linked, served_name, host, port, trust_remote_code, chat_template,
                                     guarded=api_key is not None or not has_chat, module=vllm.LOCAL_SERVER_MODULE)
             server = vllm.start_server(argv, env, log_path, host, port, secret_env=vllm.secret_env(api_key),
                                        dies_with_caller=temporary)

@@ -33,7 +33,10 @@ STARTING_FILE = ".starting"  # present while a start that may compile is under w
 ARTIFACT_DIR = "compile-cache"  # an artifact's own copy of its entry
 COMPILED_DIRS = ("inductor", "vllm")
 # Settings that do not change compiled code: sampling, memory, and where processes and threads run.
-IRRELEVANT_SETTINGS = frozenset({"seed", "kv_cache_gib", "gpu_memory_utilization", "reserved_cpus", "preload", "executor"})
+# vLLM keys its saved compiled model by its own config and its VLLM_* environment too, so the KV
+# cache size, reserved cores and executor (VLLM_CPU_KVCACHE_SPACE, ...) are keyed here as well.
+IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload"})
+SERVED_DIR = ".served"  # per key: the links through which every start names its model
 def weights_hash(model_path: str | Path) -> str:
     """The weights and config of a model folder (quantization lives in both)."""
     root = Path(model_path)
@@ -145,6 +148,18 @@ class Watch:
                      cold_ready_seconds=self.entry.meta.get("cold_ready_seconds"),
                      discarded_interrupted_compile_files=self.discarded, phases=phases or {})
 
+    def served(self, model_path: str, config: EngineConfig) -> tuple[str, EngineConfig]:
+        """The model's path (and the draft's) as this start gives them to vLLM: a link, the same for
+        every start of the key, pointed at this start's files. vLLM keys its saved compiled model by
+        the model's path among the rest, so without it an artifact compiled in a job's work folder
+        would compile again when deployed from the artifacts folder."""
+        folder = root() / SERVED_DIR / self.entry.key
+        folder.mkdir(parents=True, exist_ok=True)
+        spec = config.speculative
+        if spec is not None and spec.model and Path(spec.model).exists():
+            config = config.model_copy(update={"speculative": spec.model_copy(update={"model": _link(folder / "draft", spec.model)})})
+        return _link(folder / "model", model_path), config
+
     def __enter__(self) -> "Watch":
         return self
 
@@ -161,6 +176,15 @@ class Watch:
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()
         self._lock = None
+
+
+def _link(link: Path, target: str) -> str:
+    """Point `link` at `target`, replacing what it pointed at in one step."""
+    staged = link.with_name(f".{link.name}-{os.getpid()}")
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(Path(target).resolve())
+    os.replace(staged, link)
+    return str(link)
 
 
 def root() -> Path:
@@ -239,6 +263,7 @@ def prune(older_than_s: float | None = None, keep: frozenset[str] = frozenset())
             continue
         removed.append(describe(entry))
         shutil.rmtree(entry.path)
+        shutil.rmtree(root() / SERVED_DIR / entry.key, ignore_errors=True)
     return removed
 
 

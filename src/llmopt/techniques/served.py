@@ -43,7 +43,8 @@ def served(ctx: BuildContext, model_path: str, engine: EngineConfig, purpose: st
         started, started_at = time.monotonic(), time.time()
         port = vllm.free_port(host)
         env = {**vllm.environment(config, ctx.hardware), **cache.entry.env}
-        server = vllm.start_server(vllm.server_argv(model_path, config, SERVED_NAME, host, port, module=vllm.LOCAL_SERVER_MODULE), env, log_path, host, port,
+        path, linked = cache.served(model_path, config)
+        server = vllm.start_server(vllm.server_argv(path, linked, SERVED_NAME, host, port, module=vllm.LOCAL_SERVER_MODULE), env, log_path, host, port,
                                    own_session=False, dies_with_caller=True)
         try:
             server.wait_ready(READY_TIMEOUT_S)
