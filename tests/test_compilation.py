@@ -137,10 +137,8 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
         "tensor_parallel": _key(tmp_path, settings={"tensor_parallel_size": 2}),
         "kv_cache_dtype": _key(tmp_path, settings={"kv_cache_dtype": "fp8"}),
         "eager": _key(tmp_path, settings={"compilation": {"mode": "eager"}}),
-        # vLLM keys its saved compiled model by its VLLM_* environment too
-        "kv_cache_gib": _key(tmp_path, settings={"kv_cache_gib": 8}),
+        # vLLM keys its saved compiled model by VLLM_CPU_NUM_OF_RESERVED_CPU too
         "reserved_cpus": _key(tmp_path, settings={"reserved_cpus": 1}),
-        "executor": _key(tmp_path, settings={"executor": "mp"}),
         "vllm": _key(tmp_path, engine=("vllm-cpu", "0.33.0")),
         "torch": _key(tmp_path, torch="2.14.0+cpu"),
         "cpu_flags": _key(tmp_path, hw=platform.Hardware(cpu_flags=("avx512f",), **cpu)),
@@ -149,8 +147,8 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
     }
     assert all(k != base for k in changed.values()), [name for name, k in changed.items() if k == base]
     assert len(set(changed.values())) == len(changed)
-    # seeds and preloaded libraries do not change the compiled code
-    assert _key(tmp_path, settings={"seed": 7, "preload": False}) == base
+    # seeds, memory, preloaded libraries and the executor change neither the code nor vLLM's key
+    assert _key(tmp_path, settings={"seed": 7, "kv_cache_gib": 8, "preload": False, "executor": "mp"}) == base
 
 
 def test_a_start_that_died_compiling_leaves_nothing_to_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,6 +188,14 @@ def test_start_phases_from_a_real_log_and_from_anything() -> None:
     assert vllm.start_phases(log, started, 20.09) == {
         "server process and imports": 5.9, "engine-core process and imports": 7.0, "model and weights": 1.0,
         "warm-up: trace and compile, or load compiled; profile run": 3.0, "KV cache, server up": 3.2}
+    # a log that earlier starts appended to: this start's part only (it begins at its command line)
+    earlier = log.replace("23:43:", "23:30:")
+    assert vllm.start_phases(earlier + log, started, 20.09) == vllm.start_phases(log, started, 20.09)
+    # vLLM's worker processes (the mp executor) log the warm-up themselves
+    in_workers = "\n".join(line.replace("(EngineCore pid=6473)", "(Worker_TP0 pid=9)") if "Warming up" in line else line
+                           for line in log.splitlines())
+    assert in_workers.count("(Worker_TP0 pid=9)") == 2
+    assert vllm.start_phases(in_workers, started, 20.09) == vllm.start_phases(log, started, 20.09)
     # a log cut short, or not vLLM's: what is found, never more than the start took, never an exception
     assert vllm.start_phases(log[:log.index("Warming up model")], started, 20.09) == {
         "server process and imports": 5.9, "engine-core process and imports": 7.0, "KV cache, server up": 7.2}

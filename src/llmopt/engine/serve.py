@@ -15,10 +15,16 @@ process imports the parent's main module again (as `__mp_main__`), so it lives a
 
 from __future__ import annotations
 
+import importlib
+
 
 def _finalized_as_loaded() -> None:
-    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+    importlib.import_module("vllm")  # first: vLLM sets torch's environment before torch is imported
 
+    try:
+        from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+    except ImportError:  # a torch without it saves no such functions
+        return
     if not hasattr(BundledAOTAutogradSerializableCallable, "finalize_loading"):
         BundledAOTAutogradSerializableCallable.finalize_loading = lambda self, vllm_config: None
 

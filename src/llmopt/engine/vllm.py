@@ -37,7 +37,7 @@ CPU_ATTENTION_FILE = "vllm/v1/attention/backends/cpu_attn.py"
 ARTIFACT_RELATIVE = "./"  # a path in settings that lies inside the artifact being served
 KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)$", re.MULTILINE)
 CHUNK_BUDGET_LINE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
-LOG_TIME = re.compile(r"^\((?:APIServer|EngineCore)[^)]*\) [A-Z]+ (\d\d-\d\d \d\d:\d\d:\d\d) ", re.MULTILINE)
+LOG_TIME = re.compile(r"^\((?:APIServer|EngineCore|Worker)[^)]*\) [A-Z]+ (\d\d-\d\d \d\d:\d\d:\d\d) ", re.MULTILINE)
 # A start's phases, each ending at the first log line that matches (the last one ends at ready).
 START_PHASES = (
     ("server process and imports", re.compile(r"^\(APIServer")),
@@ -288,9 +288,11 @@ def chunked_prefill_budget(log_text: str) -> int | None:
 
 def start_phases(log_text: str, started_at: float, ready_seconds: float) -> dict[str, float]:
     """Where an engine start's seconds went, from the server's log (vLLM stamps its lines to the
-    second, so each phase is good to about a second). Phases whose line is not in the log (a GPU
-    start has no CPU warm-up) are left out; their time goes to the next phase found."""
+    second, so each phase is good to about a second; with vLLM's worker processes their lines
+    count too). Phases whose line is not in the log (a GPU start has no CPU warm-up) are left
+    out; their time goes to the next phase found."""
     year = time.localtime(started_at).tm_year
+    log_text = log_text[log_text.rfind("\n$ ") + 1:]  # this start's part: a log a start appends to has earlier ones
     stamped = [(m.group(1), _line_at(log_text, m.start())) for m in LOG_TIME.finditer(log_text)]
     phases: dict[str, float] = {}
     previous = end = started_at
