@@ -74,7 +74,7 @@ def test_record_and_cli_views(endpoint) -> None:
     described = json.loads(run_cli("endpoints", "describe", endpoint.name).stdout)
     assert described["port"] == endpoint.port and described["engine"]["max_model_len"] == 2048
     logs = run_cli("endpoints", "logs", endpoint.name)
-    assert "vllm.entrypoints.openai.api_server" in logs.stdout
+    assert f"-m {vllm.LOCAL_SERVER_MODULE} --model" in logs.stdout  # vLLM's server as llmopt starts it
 
 
 @pytest.mark.engine
