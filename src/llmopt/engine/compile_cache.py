@@ -32,11 +32,12 @@ LOCK_FILE = ".lock"
 STARTING_FILE = ".starting"  # present while a start that may compile is under way
 ARTIFACT_DIR = "compile-cache"  # an artifact's own copy of its entry
 COMPILED_DIRS = ("inductor", "vllm")
-# Settings that do not change compiled code: sampling, memory, and where processes and threads run.
 # Settings that change neither compiled code nor vLLM's key for its saved model (which leaves out
 # VLLM_CPU_KVCACHE_SPACE and VLLM_ENABLE_V1_MULTIPROCESSING but keys the reserved cores' variable).
 IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload", "kv_cache_gib", "executor"})
 SERVED_DIR = ".served"  # per key: the links through which every start names its model
+
+
 def weights_hash(model_path: str | Path) -> str:
     """The weights and config of a model folder (quantization lives in both)."""
     root = Path(model_path)
