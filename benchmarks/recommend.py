@@ -20,7 +20,7 @@ from pathlib import Path
 import llmopt
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
-from llmopt.recommend import configs, search
+from llmopt.recommendation import configs, search
 
 RESULTS = Path(__file__).parent / "results" / "recommend.json"
 LEVELS = (1, 2, 4, 8)

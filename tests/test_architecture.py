@@ -118,6 +118,19 @@ def _cli_options() -> set[str]:
     return walk(typer.main.get_command(cli.app))
 
 
+def test_the_engine_launcher_does_not_load_the_sdk() -> None:
+    """Every server start imports the launcher's package twice (API server, engine core): the SDK
+    behind `llmopt`'s names loads on first use (0.56 s of imports when it loaded eagerly)."""
+    import subprocess
+
+    loaded = subprocess.run([sys.executable, "-c", "import sys, llmopt, llmopt.engine; print(sorted(sys.modules))"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "'llmopt.sdk'" not in loaded and "'llmopt.recipe'" not in loaded
+    used = subprocess.run([sys.executable, "-c", "import llmopt; print(llmopt.Recipe.__name__, callable(llmopt.deploy))"],
+                          capture_output=True, text=True, check=True).stdout
+    assert used.split() == ["Recipe", "True"]
+
+
 def test_the_cli_reaches_only_the_sdk_and_presentation() -> None:
     """The studio is the other face over the SDK: the CLI may start it, nothing more."""
     modules = _modules()
@@ -128,7 +141,7 @@ def test_the_cli_reaches_only_the_sdk_and_presentation() -> None:
 def test_the_studio_acts_only_through_the_sdk() -> None:
     """Pages and API read records and results, but every action goes through the SDK."""
     modules = _modules()
-    acting = {"llmopt.jobs.runner", "llmopt.serving", "llmopt.endpoints", "llmopt.evaluation.benchmark", "llmopt.recommend.search"}
+    acting = {"llmopt.jobs.runner", "llmopt.serving", "llmopt.endpoints", "llmopt.evaluation.benchmark", "llmopt.recommendation.search"}
     for name, path in modules.items():
         if name.startswith("llmopt.studio"):
             assert not _imports(name, path, modules) & acting, name

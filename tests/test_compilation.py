@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -105,14 +106,23 @@ def test_cache_list_and_prune(compiled: llmopt.Job, endpoint) -> None:
     assert all(e.key[:16] in listed.stdout for e in entries)
     live = endpoints.compile_cache_keys_in_use()
     assert live, "the session endpoint started from an entry"
+    # two planted copies of the compiled job's entry, unused for 40 days, go; the live endpoint's entry,
+    # made to look as old, stays; so do the recent ones, which later tests start from
+    source = next(e for e in entries if e.key == artifact.verify(compiled.artifact).metrics.compilation.key)
+    planted = []
+    for n in (1, 2):
+        key = str(n) * 64
+        shutil.copytree(source.path, compile_cache.root() / key)
+        meta = json.loads((compile_cache.root() / key / compile_cache.KEY_FILE).read_text())
+        (compile_cache.root() / key / compile_cache.KEY_FILE).write_text(json.dumps({**meta, "key": key}))
+        planted.append(key)
     month_ago = time.time() - 40 * 86400
-    stale = [e for e in entries if e.key not in live]
-    for e in entries:  # everything looks unused for 40 days; only the live endpoint's entry must survive
-        os.utime(e.path / compile_cache.KEY_FILE, (month_ago, month_ago))
+    for key in [*planted, *live]:
+        os.utime(compile_cache.root() / key / compile_cache.KEY_FILE, (month_ago, month_ago))
     pruned = run_cli("cache", "prune")
     assert pruned.returncode == 0, pruned.stderr
-    assert f"{len(stale)} entries removed" in pruned.stdout
-    assert {e.key for e in compile_cache.list_entries()} == live
+    assert "2 entries removed" in pruned.stdout and all(f"removed {key[:16]}" in pruned.stdout for key in planted)
+    assert {e.key for e in compile_cache.list_entries()} == {e.key for e in entries}
 
 
 def _key(tmp: Path, weights: bytes = b"w", config: dict | None = None, settings: dict | None = None,
@@ -149,6 +159,17 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
     assert len(set(changed.values())) == len(changed)
     # seeds, memory, preloaded libraries and the executor change neither the code nor vLLM's key
     assert _key(tmp_path, settings={"seed": 7, "kv_cache_gib": 8, "preload": False, "executor": "mp"}) == base
+    # nor how many tokens speculation proposes, or when: n-gram with and without a schedule, and
+    # three tokens or four, share one entry; speculation itself, or another method, is another
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    scheduled = {**ngram, "num_speculative_tokens": 4, "schedule": [{"first": 1, "last": 1, "tokens": 0},
+                                                                      {"first": 2, "last": 64, "tokens": 4}]}
+    assert _key(tmp_path, settings={"speculative": ngram}) == _key(tmp_path, settings={"speculative": scheduled}) != base
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    assert _key(tmp_path, settings={"speculative": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}}) not in (
+        base, _key(tmp_path, settings={"speculative": ngram}))
 
 
 def test_a_start_that_died_compiling_leaves_nothing_to_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,15 +191,24 @@ def test_a_start_that_died_compiling_leaves_nothing_to_load(tmp_path: Path, monk
 
     compile_cache.Watch(entry).close()  # a start that failed before compiling anything (a port taken, say)
     assert compile_cache.Watch(entry).ready(0.5).outcome == "precompiled"
+    _killed(compile_cache.Watch(entry))  # a precompiled start killed before ready: it wrote nothing
+    kept = compile_cache.Watch(entry)
+    assert kept.discarded == 0 and kept.ready(0.5).outcome == "precompiled"
 
     dying = compile_cache.Watch(entry)
     (entry.path / "inductor" / "bb").mkdir()
     (entry.path / "inductor" / "bb" / "cut.so").write_bytes(b"\x7f")  # the process was killed here
-    dying.close()
+    _killed(dying)
     after = compile_cache.Watch(entry)
     assert after.discarded == 2 and entry.compiled_files() == set()
     result = after.ready(2.0)
     assert result.outcome == "compiled" and result.discarded_interrupted_compile_files == 2
+
+
+def _killed(watch: compile_cache.Watch) -> None:
+    """What the kernel does to a start's lock when its process dies: releases it, and nothing else."""
+    watch._lock.close()
+    watch._lock = None
 
 
 def test_start_phases_from_a_real_log_and_from_anything() -> None:

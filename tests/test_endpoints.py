@@ -17,7 +17,7 @@ from llmopt.engine import platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
-from conftest import assert_one_line_error, run_cli
+from conftest import SMALL_ENGINE, assert_one_line_error, run_cli
 
 
 @pytest.mark.engine
@@ -72,7 +72,7 @@ def test_record_and_cli_views(endpoint) -> None:
     as_json = json.loads(run_cli("endpoints", "list", "--json").stdout)
     assert [e["name"] for e in as_json if e["status"] == "READY"] == [e.name for e in llmopt.list_endpoints("ready")]
     described = json.loads(run_cli("endpoints", "describe", endpoint.name).stdout)
-    assert described["port"] == endpoint.port and described["engine"]["max_model_len"] == 2048
+    assert described["port"] == endpoint.port and described["engine"]["max_model_len"] == SMALL_ENGINE.max_model_len
     logs = run_cli("endpoints", "logs", endpoint.name)
     assert f"-m {vllm.LOCAL_SERVER_MODULE} --model" in logs.stdout  # vLLM's server as llmopt starts it
 
@@ -131,7 +131,7 @@ def test_engine_that_fails_to_start_is_reported(smol) -> None:
 @pytest.mark.engine
 def test_cli_deploy_returns_and_a_killed_engine_shows_failed(smol) -> None:
     """`llmopt deploy` returns while the server keeps serving; killing it from outside is seen."""
-    deployed = run_cli("deploy", smol.id, "--name", "cli-ep", "--max-model-len", "1024", "--kv-cache-gib", "1")
+    deployed = run_cli("deploy", smol.id, "--name", "cli-ep", "--max-model-len", "4096", "--kv-cache-gib", "1")
     assert deployed.returncode == 0, deployed.stderr
     assert "ready at http://127.0.0.1:" in deployed.stdout
     record = llmopt.get_endpoint("cli-ep")

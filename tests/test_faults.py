@@ -24,9 +24,10 @@ import llmopt
 from llmopt import artifact, client, names, paths, procs, records, sources
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
+from llmopt.techniques import quantization
 from llmopt.techniques.quantization import schemes
 
-from conftest import SMALL_ENGINE, assert_one_line_error, run_cli
+from conftest import QUICK_SMOOTHQUANT, SMALL_ENGINE, assert_one_line_error, run_cli
 
 DEFAULT = "smollm2-135m-instruct"
 
@@ -300,7 +301,9 @@ def test_ctrl_c_while_waiting_exits_130_and_the_job_goes_on(smol: sources.Model)
 @pytest.mark.engine
 def test_kills_at_every_stage_leave_true_records(smol: sources.Model, baseline: llmopt.Job, tmp_path: Path) -> None:
     # the worker, mid-quantization: FAILED with the reason, nothing complete-looking, and a retry succeeds
-    quick = {"quantization": {"method": "smoothquant", "calibration": {"samples": 8, "sequence_length": 128}}}
+    quick = {"quantization": QUICK_SMOOTHQUANT}
+    # quantizing here, whatever this session quantized before (kept weights are linked, not made)
+    shutil.rmtree(quantization.kept_weights(schemes.SmoothQuant(**QUICK_SMOOTHQUANT), smol, 1), ignore_errors=True)
     job = llmopt.optimize(smol.id, quick, name="killed-mid-quantize", wait=False)
     deadline = time.monotonic() + 300
     while job.record.progress.get("quantize", store.StepProgress()).fraction < 0.1 and time.monotonic() < deadline:

@@ -18,7 +18,7 @@ from llmopt.evaluation import quality
 from llmopt.jobs import store
 from llmopt.techniques.quantization import calibration, schemes
 
-from conftest import assert_one_line_error, run_cli
+from conftest import QUICK_SMOOTHQUANT, assert_one_line_error, run_cli
 
 SCHEMES = {
     # name: (recipe, the kernel vLLM must pick on CPU, checkpoint format)
@@ -153,8 +153,9 @@ def test_users_calibration_dataset(smol: sources.Model, tmp_path: Path) -> None:
 
 @pytest.mark.engine
 def test_over_the_quality_budget_fails_with_the_numbers(baseline: llmopt.Job, smol: sources.Model) -> None:
-    # INT8 with round-to-nearest weights costs some perplexity on every processor; a budget of 0 refuses any
-    quick = SmoothQuant(weights="rtn", max_perplexity_increase=0.0, calibration=Calibration(samples=8, sequence_length=128))
+    # INT8 with round-to-nearest weights costs some perplexity on every processor; a budget of 0 refuses any.
+    # The weights are test_faults' retried job's (when it ran first), linked: only the budget differs
+    quick = SmoothQuant(**{**QUICK_SMOOTHQUANT, "max_perplexity_increase": 0.0})
     job = llmopt.optimize(smol.id, Recipe(quantization=quick), name="q-over-budget")
     record = job.record
     assert record.status == store.FAILED and not Path(record.output_dir).exists()
@@ -263,3 +264,14 @@ def test_calibration_text_is_part_of_the_artifact_key(smol: sources.Model, tmp_p
     data.write_text('{"text": "two"}\n')
     assert techniques.key_extras(recipe, smol)["quantization.calibration"] != before["quantization.calibration"]
     assert techniques.key_extras(Recipe(quantization=AWQ()), smol)["quantization.calibration"] == calibration.fingerprint(Calibration())
+
+
+def test_kept_weights_are_keyed_by_what_makes_them(smol: sources.Model) -> None:
+    """A job refused for its quality budget keeps its weights: the retry with a raised budget links them."""
+    from llmopt.techniques.quantization import kept_weights
+
+    quick = SmoothQuant(**QUICK_SMOOTHQUANT)
+    assert kept_weights(quick.model_copy(update={"max_perplexity_increase": 0.0}), smol, 1) == kept_weights(quick, smol, 1)
+    for changed in ({"weights": "gptq"}, {"alpha": 0.5}, {"ignore": []}):
+        assert kept_weights(quick.model_copy(update=changed), smol, 1) != kept_weights(quick, smol, 1), changed
+    assert kept_weights(quick, smol, 2) != kept_weights(quick, smol, 1)

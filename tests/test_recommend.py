@@ -19,7 +19,7 @@ from llmopt import client, endpoints, recipe, sources
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
-from llmopt.recommend import candidates, configs, ranking, search
+from llmopt.recommendation import candidates, configs, ranking, search
 
 from conftest import assert_one_line_error, run_cli
 

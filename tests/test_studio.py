@@ -31,9 +31,9 @@ from llmopt.evaluation import stub as stub_server
 from llmopt.evaluation.levels import Plan
 from llmopt.evaluation.results import EvaluationResults
 from llmopt.jobs import store
-from llmopt.recommend.candidates import Candidate
-from llmopt.recommend.ranking import Row
-from llmopt.recommend.search import Recommendation, RecommendSpec
+from llmopt.recommendation.candidates import Candidate
+from llmopt.recommendation.ranking import Row
+from llmopt.recommendation.search import Recommendation, RecommendSpec
 from llmopt.studio import endpoints as studio_endpoints
 from llmopt.studio import live, prometheus, recipe_form
 from llmopt.studio.app import create_app, serve

@@ -4,33 +4,48 @@
     with llmopt.deploy("smollm2-135m-instruct") as endpoint:
         print(endpoint.url)
 
-Everything here is the SDK (`llmopt.sdk`) and the recipe's section types.
+Everything here is the SDK (`llmopt.sdk`) and the recipe's section types, imported on first use:
+a process that runs one module of llmopt's without the SDK (the engine's launcher, which every
+server start imports twice, in its API server and in its engine core) does not pay for it.
 """
 
-from llmopt.recipe import Recipe
-from llmopt.sdk import *  # noqa: F403
-from llmopt.sdk import __all__ as _sdk
-from llmopt.techniques.chunked_prefill import ChunkedPrefill
-from llmopt.techniques.compilation import Compilation
-from llmopt.techniques.kv_cache import KVCache
-from llmopt.techniques.quantization.schemes import AWQ, FP8, Calibration, SmoothQuant
-from llmopt.techniques.sharding import Sharding
-from llmopt.techniques.speculative import DraftModel, NGram, SpeculationSweep
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    *_sdk,
-    "AWQ",
-    "FP8",
-    "Calibration",
-    "ChunkedPrefill",
-    "Compilation",
-    "DraftModel",
-    "KVCache",
-    "NGram",
-    "Recipe",
-    "Sharding",
-    "SmoothQuant",
-    "SpeculationSweep",
-]
+# the recipe and its section types, by the module that defines each
+_SECTIONS = {
+    "Recipe": "llmopt.recipe",
+    "AWQ": "llmopt.techniques.quantization.schemes",
+    "FP8": "llmopt.techniques.quantization.schemes",
+    "Calibration": "llmopt.techniques.quantization.schemes",
+    "SmoothQuant": "llmopt.techniques.quantization.schemes",
+    "ChunkedPrefill": "llmopt.techniques.chunked_prefill",
+    "Compilation": "llmopt.techniques.compilation",
+    "KVCache": "llmopt.techniques.kv_cache",
+    "Sharding": "llmopt.techniques.sharding",
+    "DraftModel": "llmopt.techniques.speculative",
+    "NGram": "llmopt.techniques.speculative",
+    "SpeculationSweep": "llmopt.techniques.speculative",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SECTIONS:
+        return getattr(importlib.import_module(_SECTIONS[name]), name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        raise AttributeError(name)  # a module of llmopt's not imported yet (`from llmopt import x`): the import system loads it
+    sdk = importlib.import_module("llmopt.sdk")
+    if name == "__all__":
+        return [*sdk.__all__, *_SECTIONS]
+    if name in sdk.__all__:
+        return getattr(sdk, name)
+    raise AttributeError(f"module 'llmopt' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__getattr__("__all__")})

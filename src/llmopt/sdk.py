@@ -32,8 +32,8 @@ from llmopt.jobs.runner import Job
 from llmopt.jobs.store import JobRecord
 from llmopt.presentation import recommendation as recommendation_report
 from llmopt.presentation import report
-from llmopt.recommend import configs as deployment_configs
-from llmopt.recommend import ranking, search
+from llmopt.recommendation import configs as deployment_configs
+from llmopt.recommendation import ranking, search
 from llmopt.techniques import speculative
 from llmopt.sources import Model
 

@@ -36,6 +36,10 @@ COMPILED_DIRS = ("inductor", "vllm")
 # VLLM_CPU_KVCACHE_SPACE and VLLM_ENABLE_V1_MULTIPROCESSING but keys the reserved cores' variable).
 IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload", "kv_cache_gib", "executor"})
 SERVED_DIR = ".served"  # per key: the links through which every start names its model
+# Speculation settings that change no compiled graph: how many tokens are proposed and how they are
+# looked up only change how many tokens a step verifies, a dynamic shape (vLLM's own key for its
+# saved model keeps the method's kind and the draft's config, not these)
+UNCOMPILED_SPECULATION = frozenset({"num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "schedule"})
 
 
 def weights_hash(model_path: str | Path) -> str:
@@ -48,12 +52,14 @@ def weights_hash(model_path: str | Path) -> str:
 def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardware, engine: tuple[str, str],
                torch_version: str) -> dict[str, Any]:
     """Everything a compiled artifact depends on: the weights (and so the quantization), the
-    settings that shape the graphs (lengths, batch, dtypes, tensor parallelism, speculation),
-    the engine and torch versions, and the CPU flags or GPU kind. `config` has its paths located."""
+    settings that shape the graphs (lengths, batch, dtypes, tensor parallelism, the speculation
+    method and its draft), the engine and torch versions, and the CPU flags or GPU kind. `config`
+    has its paths located."""
     relevant = config.model_dump(mode="json", exclude=set(IRRELEVANT_SETTINGS))
     spec = relevant.get("speculative")
-    if spec and spec.get("model"):
-        relevant["speculative"] = {**spec, "model": weights_hash(Path(spec["model"]))}
+    if spec:
+        spec = {k: v for k, v in spec.items() if k not in UNCOMPILED_SPECULATION}
+        relevant["speculative"] = {**spec, "model": weights_hash(Path(spec["model"]))} if spec.get("model") else spec
     return {
         "schema": SCHEMA,
         "weights": weights_hash(model_path),
@@ -103,6 +109,11 @@ class Entry:
         return {p.relative_to(self.path).as_posix() for folder in COMPILED_DIRS for p in (self.path / folder).rglob("*")
                 if p.is_file() and "locks" not in p.parts}
 
+    def compiled_state(self) -> str:
+        """The compiled files' names, sizes and times of change, as one hash."""
+        return hashing.json_sha256(sorted((name, (stat := (self.path / name).stat()).st_size, stat.st_mtime_ns)
+                                          for name in self.compiled_files()))
+
     @property
     def meta(self) -> dict[str, Any]:
         return json.loads((self.path / KEY_FILE).read_text())
@@ -122,7 +133,9 @@ class Watch:
     two finds the first's graphs. A start that never got ready (killed mid-compile, crashed) may
     have left a compiled library cut short, which Inductor would then fail to load ("file too
     short") on every later start: its marker outlives it, and the next start discards the entry's
-    compiled files and compiles afresh."""
+    compiled files and compiles afresh. The marker holds the state of the compiled files when that
+    start began, so a start killed before it wrote anything (ctrl-c on a precompiled deploy, a
+    stopped job) costs the next one nothing."""
 
     def __init__(self, entry: Entry) -> None:
         self.entry = entry
@@ -130,11 +143,11 @@ class Watch:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         marker = entry.path / STARTING_FILE
         self.discarded = 0
-        if marker.exists():
+        if marker.exists() and _changed_since(marker, entry):
             self.discarded = len(entry.compiled_files())
             for folder in COMPILED_DIRS:
                 shutil.rmtree(entry.path / folder, ignore_errors=True)
-        marker.write_text(str(os.getpid()))
+        marker.write_text(json.dumps({"pid": os.getpid(), "compiled": entry.compiled_state()}))
         self.before = entry.compiled_files()
 
     def ready(self, ready_seconds: float, phases: dict[str, float] | None = None) -> "Start":
@@ -177,6 +190,15 @@ class Watch:
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()
         self._lock = None
+
+
+def _changed_since(marker: Path, entry: Entry) -> bool:
+    """Did the start that left `marker` change the entry's compiled files? (A marker of an older
+    llmopt holds only a pid: assume it did.)"""
+    try:
+        return json.loads(marker.read_text()).get("compiled") != entry.compiled_state()
+    except (ValueError, AttributeError):
+        return True
 
 
 def _link(link: Path, target: str) -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from llmopt.recommend.ranking import Row, score
-from llmopt.recommend.search import Recommendation
+from llmopt.recommendation.ranking import Row, score
+from llmopt.recommendation.search import Recommendation
 from llmopt.presentation import charts, report, terminal
 from llmopt.presentation.format import money, num, pct
 

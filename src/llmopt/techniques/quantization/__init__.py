@@ -154,6 +154,19 @@ TECHNIQUE = QuantizationTechnique()
 CHECKPOINT_FORMAT = 2
 
 
+def kept_weights(q: Quantization, source_model: Model, tensor_parallel: int) -> Path:
+    """Where weights quantized this way are kept: keyed by all that makes them."""
+    key = hashing.json_sha256({
+        "source": source_model.content_hash, "tensor_parallel": tensor_parallel,
+        # the quality budget judges the weights, it does not make them: a retry with a raised one links them
+        "scheme": q.model_dump(mode="json", exclude={"max_perplexity_increase"}),
+        "calibration": calibration.fingerprint(q.calibration) if schemes.needs_calibration(q) else None,  # type: ignore[union-attr]
+        "llmcompressor": _version("llmcompressor"), "compressed_tensors": _version("compressed-tensors"),
+        "checkpoint": CHECKPOINT_FORMAT,
+    })
+    return paths.home() / "quantized" / key
+
+
 def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_parallel: int,
                    log: logging.Logger, progress: Callable[[float], None]) -> QuantizationRecord:
     """Quantize a model folder into `dest` as a compressed-tensors checkpoint; returns what the
@@ -163,13 +176,7 @@ def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_para
     sharding are kept (`$LLMOPT_HOME/quantized/<key>/`, hard-linked where it can be) and linked
     into the next artifact that asks for the same: stacking speculation or another engine setting
     on a quantized model does not quantize again."""
-    key = hashing.json_sha256({
-        "source": source_model.content_hash, "scheme": q.model_dump(mode="json"), "tensor_parallel": tensor_parallel,
-        "calibration": calibration.fingerprint(q.calibration) if schemes.needs_calibration(q) else None,  # type: ignore[union-attr]
-        "llmcompressor": _version("llmcompressor"), "compressed_tensors": _version("compressed-tensors"),
-        "checkpoint": CHECKPOINT_FORMAT,
-    })
-    kept = paths.home() / "quantized" / key
+    kept = kept_weights(q, source_model, tensor_parallel)
     if (kept / KEPT_RECORD).is_file():
         _link_tree(kept, dest)
         record = QuantizationRecord.model_validate_json((kept / KEPT_RECORD).read_text()).model_copy(update={"reused": True})

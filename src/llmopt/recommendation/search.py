@@ -24,10 +24,10 @@ from llmopt.evaluation.pricing import HardwareProfile
 from llmopt.evaluation.tokens import TokenCounter
 from llmopt.jobs import runner, store
 from llmopt.recipe import parse
-from llmopt.recommend import candidates as candidate_recipes
-from llmopt.recommend import configs
-from llmopt.recommend.candidates import Candidate, Excluded
-from llmopt.recommend.ranking import GOALS, SLO, Goal, Row, mark, pareto, pick, rank
+from llmopt.recommendation import candidates as candidate_recipes
+from llmopt.recommendation import configs
+from llmopt.recommendation.candidates import Candidate, Excluded
+from llmopt.recommendation.ranking import GOALS, SLO, Goal, Row, mark, pareto, pick, rank
 
 Events = Callable[..., None]
 SCHEMA_VERSION = 1
