@@ -37,11 +37,11 @@ from llmopt.jobs import store  # noqa: E402
 from llmopt.executors import local as local_executor  # noqa: E402
 from llmopt.executors import ray as ray_executor  # noqa: E402
 
-# vLLM's own max_model_len, so the session endpoint and the baseline artifact share compiled code;
+# llmopt's default shapes, so the session endpoint and the baseline artifact share compiled code;
 # a smaller KV cache, which the compile cache's key leaves out
 SMALL_ENGINE = EngineConfig(kv_cache_gib=1)
-# SmoothQuant that quantizes in seconds (round-to-nearest weights, 8 samples): the jobs that are killed,
-# retried or refused share its weights and compiled code (the budget is not part of either key)
+# SmoothQuant that quantizes in seconds (round-to-nearest weights, 8 samples): the retried job after a
+# kill and the job refused for its budget share its weights and compiled code (the budget is in neither key)
 QUICK_SMOOTHQUANT = {"method": "smoothquant", "weights": "rtn", "calibration": {"samples": 8, "sequence_length": 128}}
 
 

@@ -195,6 +195,22 @@ def test_a_start_that_died_compiling_leaves_nothing_to_load(tmp_path: Path, monk
     kept = compile_cache.Watch(entry)
     assert kept.discarded == 0 and kept.ready(0.5).outcome == "precompiled"
 
+    def compile_into(watch: compile_cache.Watch) -> None:
+        (entry.path / "inductor" / "aa").mkdir(parents=True, exist_ok=True)
+        (entry.path / "inductor" / "aa" / "graph.so").write_bytes(b"\x7fELF" * 1000)
+        assert watch.ready(1.0).outcome == "compiled"
+
+    rewriting = compile_cache.Watch(entry)  # killed while it rewrote a library in place: discarded
+    (entry.path / "inductor" / "aa" / "graph.so").write_bytes(b"\x7fELF")
+    _killed(rewriting)
+    redo = compile_cache.Watch(entry)
+    assert redo.discarded == 1
+    compile_into(redo)
+    (entry.path / compile_cache.STARTING_FILE).write_text("4242")  # an older llmopt's marker, its pid only: discarded
+    older = compile_cache.Watch(entry)
+    assert older.discarded == 1
+    compile_into(older)
+
     dying = compile_cache.Watch(entry)
     (entry.path / "inductor" / "bb").mkdir()
     (entry.path / "inductor" / "bb" / "cut.so").write_bytes(b"\x7f")  # the process was killed here

@@ -313,6 +313,8 @@ def test_kills_at_every_stage_leave_true_records(smol: sources.Model, baseline: 
     record = job.record
     assert record.status == store.FAILED and "died without finishing" in record.failure_reason
     assert not Path(record.output_dir).exists() and not record.workdir.exists()
+    kept = quantization.kept_weights(schemes.SmoothQuant(**QUICK_SMOOTHQUANT), smol, 1)
+    assert not kept.exists(), "killed before quantizing was done: no weights kept"
     retry = llmopt.optimize(smol.id, quick, name="retry-after-kill")
     assert retry.status == store.COMPLETED, retry.record.failure_reason
     # the engine, mid-start: the deploy fails with its log and the record says so

@@ -37,8 +37,11 @@ _SECTIONS = {
 def __getattr__(name: str) -> Any:
     if name in _SECTIONS:
         return getattr(importlib.import_module(_SECTIONS[name]), name)
-    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        raise AttributeError(name)  # a module of llmopt's not imported yet (`from llmopt import x`): the import system loads it
+    if name.startswith("__") and name != "__all__" or "." in name:
+        raise AttributeError(f"module 'llmopt' has no attribute {name!r}")
+    spec = importlib.util.find_spec(f"{__name__}.{name}")
+    if spec is not None and spec.origin is not None:  # a module not imported yet (`from llmopt import x`): the import system loads it
+        raise AttributeError(f"module 'llmopt' has no attribute {name!r}")
     sdk = importlib.import_module("llmopt.sdk")
     if name == "__all__":
         return [*sdk.__all__, *_SECTIONS]

@@ -141,9 +141,13 @@ def launch(
                                     guarded=api_key is not None or not has_chat, module=vllm.LOCAL_SERVER_MODULE)
             server = vllm.start_server(argv, env, log_path, host, port, secret_env=vllm.secret_env(api_key),
                                        dies_with_caller=temporary)
-            ENDPOINTS.update(name, pid=server.pid, pid_create_time=server.create_time, environment=env)
-            endpoint.pid, endpoint.pid_create_time = server.pid, server.create_time
-            server.wait_ready(timeout_s, endpoint.headers)
+            try:
+                ENDPOINTS.update(name, pid=server.pid, pid_create_time=server.create_time, environment=env)
+                endpoint.pid, endpoint.pid_create_time = server.pid, server.create_time
+                server.wait_ready(timeout_s, endpoint.headers)
+            except BaseException:
+                server.stop()  # before the entry's lock goes: a compile it cut short stays marked, and no start runs beside it
+                raise
             ready = round(time.time() - endpoint.started_at, 2)
             endpoint.start = cache.ready(ready, vllm.start_phases(log_path.read_text(errors="replace"), endpoint.started_at, ready))
         endpoint.verified = verify(endpoint)

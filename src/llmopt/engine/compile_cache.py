@@ -38,7 +38,8 @@ IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload", "k
 SERVED_DIR = ".served"  # per key: the links through which every start names its model
 # Speculation settings that change no compiled graph: how many tokens are proposed and how they are
 # looked up only change how many tokens a step verifies, a dynamic shape (vLLM's own key for its
-# saved model keeps the method's kind and the draft's config, not these)
+# saved model keeps the method's kind and the draft's config, not these, on CPU; on a GPU its key
+# also holds CUDA-graph sizes derived from them, and a start there reports "partly compiled")
 UNCOMPILED_SPECULATION = frozenset({"num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "schedule"})
 
 
@@ -110,9 +111,16 @@ class Entry:
                 if p.is_file() and "locks" not in p.parts}
 
     def compiled_state(self) -> str:
-        """The compiled files' names, sizes and times of change, as one hash."""
-        return hashing.json_sha256(sorted((name, (stat := (self.path / name).stat()).st_size, stat.st_mtime_ns)
-                                          for name in self.compiled_files()))
+        """The compiled files' names, sizes and times of change, as one hash (a file gone between
+        listing and reading counts as gone)."""
+        found = []
+        for name in sorted(self.compiled_files()):
+            try:
+                stat = (self.path / name).stat()
+            except FileNotFoundError:
+                continue
+            found.append((name, stat.st_size, stat.st_mtime_ns))
+        return hashing.json_sha256(found)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -134,8 +142,8 @@ class Watch:
     have left a compiled library cut short, which Inductor would then fail to load ("file too
     short") on every later start: its marker outlives it, and the next start discards the entry's
     compiled files and compiles afresh. The marker holds the state of the compiled files when that
-    start began, so a start killed before it wrote anything (ctrl-c on a precompiled deploy, a
-    stopped job) costs the next one nothing."""
+    start began, so a start killed before it wrote anything (a job's worker or a deploying command
+    killed while a precompiled engine started) costs the next one nothing."""
 
     def __init__(self, entry: Entry) -> None:
         self.entry = entry
@@ -147,7 +155,8 @@ class Watch:
             self.discarded = len(entry.compiled_files())
             for folder in COMPILED_DIRS:
                 shutil.rmtree(entry.path / folder, ignore_errors=True)
-        marker.write_text(json.dumps({"pid": os.getpid(), "compiled": entry.compiled_state()}))
+        self._state = entry.compiled_state()
+        marker.write_text(json.dumps({"pid": os.getpid(), "compiled": self._state}))
         self.before = entry.compiled_files()
 
     def ready(self, ready_seconds: float, phases: dict[str, float] | None = None) -> "Start":
@@ -181,11 +190,11 @@ class Watch:
         self.close()
 
     def close(self) -> None:
-        """Let the next start go; a start that ended before ready without compiling anything left nothing to discard."""
+        """Let the next start go; a start that ended before ready without writing anything left nothing to discard."""
         if self._lock is None:
             return
         marker = self.entry.path / STARTING_FILE
-        if marker.exists() and self.entry.compiled_files() == self.before:
+        if marker.exists() and self.entry.compiled_state() == self._state:
             marker.unlink()
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()

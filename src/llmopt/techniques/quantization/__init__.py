@@ -179,7 +179,8 @@ def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_para
     kept = kept_weights(q, source_model, tensor_parallel)
     if (kept / KEPT_RECORD).is_file():
         _link_tree(kept, dest)
-        record = QuantizationRecord.model_validate_json((kept / KEPT_RECORD).read_text()).model_copy(update={"reused": True})
+        # the figures are the earlier job's; the scheme is this recipe's (its budget may differ)
+        record = QuantizationRecord.model_validate_json((kept / KEPT_RECORD).read_text()).model_copy(update={"reused": True, "scheme": q})
         log.info("reusing %s weights quantized earlier for %s (%s)", q.method, source_model.id, kept)
         progress(1.0)
         return record
