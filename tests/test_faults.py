@@ -302,8 +302,8 @@ def test_ctrl_c_while_waiting_exits_130_and_the_job_goes_on(smol: sources.Model)
 def test_kills_at_every_stage_leave_true_records(smol: sources.Model, baseline: llmopt.Job, tmp_path: Path) -> None:
     # the worker, mid-quantization: FAILED with the reason, nothing complete-looking, and a retry succeeds
     quick = {"quantization": QUICK_SMOOTHQUANT}
-    # quantizing here, whatever this session quantized before (kept weights are linked, not made)
-    shutil.rmtree(quantization.kept_weights(schemes.SmoothQuant(**QUICK_SMOOTHQUANT), smol, 1), ignore_errors=True)
+    kept = quantization.kept_weights(schemes.SmoothQuant(**QUICK_SMOOTHQUANT), smol, 1)
+    shutil.rmtree(kept, ignore_errors=True)  # quantizing here, whatever this session quantized before (kept weights are linked)
     job = llmopt.optimize(smol.id, quick, name="killed-mid-quantize", wait=False)
     deadline = time.monotonic() + 300
     while job.record.progress.get("quantize", store.StepProgress()).fraction < 0.1 and time.monotonic() < deadline:
@@ -313,7 +313,6 @@ def test_kills_at_every_stage_leave_true_records(smol: sources.Model, baseline: 
     record = job.record
     assert record.status == store.FAILED and "died without finishing" in record.failure_reason
     assert not Path(record.output_dir).exists() and not record.workdir.exists()
-    kept = quantization.kept_weights(schemes.SmoothQuant(**QUICK_SMOOTHQUANT), smol, 1)
     assert not kept.exists(), "killed before quantizing was done: no weights kept"
     retry = llmopt.optimize(smol.id, quick, name="retry-after-kill")
     assert retry.status == store.COMPLETED, retry.record.failure_reason

@@ -35,6 +35,12 @@ _SECTIONS = {
 
 
 def __getattr__(name: str) -> Any:
+    value = _resolve(name)
+    globals()[name] = value  # found once: later reads are plain attribute reads
+    return value
+
+
+def _resolve(name: str) -> Any:
     if name in _SECTIONS:
         return getattr(importlib.import_module(_SECTIONS[name]), name)
     if name.startswith("__") and name != "__all__" or "." in name:
@@ -51,4 +57,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__getattr__("__all__")})
+    return sorted({*globals(), *_resolve("__all__")})

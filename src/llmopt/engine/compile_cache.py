@@ -110,11 +110,11 @@ class Entry:
         return {p.relative_to(self.path).as_posix() for folder in COMPILED_DIRS for p in (self.path / folder).rglob("*")
                 if p.is_file() and "locks" not in p.parts}
 
-    def compiled_state(self) -> str:
-        """The compiled files' names, sizes and times of change, as one hash (a file gone between
-        listing and reading counts as gone)."""
+    def compiled_state(self, names: set[str] | None = None) -> str:
+        """The compiled files' (or `names`') names, sizes and times of change, as one hash (a file
+        gone between listing and reading counts as gone)."""
         found = []
-        for name in sorted(self.compiled_files()):
+        for name in sorted(self.compiled_files() if names is None else names):
             try:
                 stat = (self.path / name).stat()
             except FileNotFoundError:
@@ -151,13 +151,15 @@ class Watch:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         marker = entry.path / STARTING_FILE
         self.discarded = 0
-        if marker.exists() and _changed_since(marker, entry):
-            self.discarded = len(entry.compiled_files())
+        self.before = entry.compiled_files()
+        self._state = entry.compiled_state(self.before)
+        if marker.exists() and _recorded_state(marker) != self._state:
+            self.discarded = len(self.before)
             for folder in COMPILED_DIRS:
                 shutil.rmtree(entry.path / folder, ignore_errors=True)
-        self._state = entry.compiled_state()
+            self.before = set()
+            self._state = entry.compiled_state(self.before)
         marker.write_text(json.dumps({"pid": os.getpid(), "compiled": self._state}))
-        self.before = entry.compiled_files()
 
     def ready(self, ready_seconds: float, phases: dict[str, float] | None = None) -> "Start":
         """The engine answered: what it compiled is whole. Lets the next start of this key go."""
@@ -201,13 +203,13 @@ class Watch:
         self._lock = None
 
 
-def _changed_since(marker: Path, entry: Entry) -> bool:
-    """Did the start that left `marker` change the entry's compiled files? (A marker of an older
-    llmopt holds only a pid: assume it did.)"""
+def _recorded_state(marker: Path) -> str | None:
+    """The compiled files' state when the start that left `marker` began (None from an older
+    llmopt's marker, which holds only a pid: it never matches, so its entry is discarded)."""
     try:
-        return json.loads(marker.read_text()).get("compiled") != entry.compiled_state()
+        return json.loads(marker.read_text()).get("compiled")
     except (ValueError, AttributeError):
-        return True
+        return None
 
 
 def _link(link: Path, target: str) -> str:
