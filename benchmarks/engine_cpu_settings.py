@@ -1,57 +1,127 @@
 """The effect of the CPU engine settings llmopt chooses, measured side by side in one run.
 
-Five deployments of SmolLM2-135M on this machine: vLLM's defaults (one core reserved for the
-front end, nothing preloaded, the model in a worker process of its own), no core reserved,
-tcmalloc and Intel OpenMP preloaded too, llmopt's choice (all of that, with the model run
-inside the engine-core process instead of a worker process that busy-waits against it), and
-llmopt's choice with one model thread instead of two. Decode
-speed at batch 1 and 8 with fixed lengths (64 in, 128 out, end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json.
+Deployments of SmolLM2-135M on this machine: vLLM's defaults (one core reserved for the front
+end, nothing preloaded, the model in a worker process of its own), no core reserved, tcmalloc and
+Intel OpenMP preloaded too, llmopt's choice (all of that, with the model run inside the
+engine-core process instead of a worker process that busy-waits against it), and llmopt's choice
+with one model thread instead of two. Then thread placement on llmopt's choice: vLLM's own
+pinning (`KMP_AFFINITY` as its CPU worker sets it) given to the whole server, and the same with
+only the model's OpenMP threads left pinned (every other thread set back to every core once the
+server is ready). Each row records which cores each server thread may run on. Decode speed at
+batch 1 and 8 with fixed lengths (64 in, 128 out, end-of-sequence ignored). Writes
+benchmarks/results/engine_cpu_settings.json.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
 import json
+import os
+import statistics
 from pathlib import Path
+from unittest import mock
+
+import psutil
 
 import llmopt
 from llmopt import EngineConfig
+from llmopt.engine import vllm
 
-CONFIGS = {
-    "vllm default (1 reserved, no preload)": EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp"),
-    "0 reserved, no preload": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp"),
-    "0 reserved, preload": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp"),
-    "llmopt (0 reserved, preload, no worker)": EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni"),
+LLMOPT = EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni")
+CORES = sorted(os.sched_getaffinity(0))
+# what vLLM's OMP process manager sets for its CPU worker (vllm/utils/ompmultiprocessing.py)
+PINNED = {"KMP_AFFINITY": f"granularity=fine,explicit,proclist=[{','.join(map(str, CORES))}]", "KMP_TPAUSE": "0"}
+ROWS: dict[str, tuple[EngineConfig, dict[str, str], bool]] = {  # label -> settings, environment, free the non-model threads
+    "vllm default (1 reserved, no preload)": (EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp"), {}, False),
+    "0 reserved, no preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp"), {}, False),
+    "0 reserved, preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp"), {}, False),
+    "llmopt (0 reserved, preload, no worker)": (LLMOPT, {}, False),
     # one OpenMP thread: the model's threads no longer wait at each parallel loop's barrier for a
     # thread the front end has taken the other core from
-    "one model thread (1 reserved, preload, no worker)": EngineConfig(max_model_len=2048, reserved_cpus=1, preload=True,
-                                                                       executor="uni"),
+    "one model thread (1 reserved, preload, no worker)": (LLMOPT.model_copy(update={"reserved_cpus": 1}), {}, False),
+    "llmopt, vLLM's pinning for the whole server": (LLMOPT, PINNED, False),
+    "llmopt, only the model's threads pinned": (LLMOPT, PINNED, True),
+    # how long OpenMP's idle threads spin before they sleep: vLLM's 5 ms, none, Intel's default
+    "llmopt, KMP_BLOCKTIME=0": (LLMOPT, {"KMP_BLOCKTIME": "0"}, False),
+    "llmopt, KMP_BLOCKTIME=200": (LLMOPT, {"KMP_BLOCKTIME": "200"}, False),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
 
 
-def main() -> None:
-    rows = []
-    for label, engine in CONFIGS.items():
+def _cores(tid: int) -> str:
+    return ",".join(map(str, sorted(os.sched_getaffinity(tid))))
+
+
+def _server(pid: int) -> list[psutil.Process]:
+    server = psutil.Process(pid)
+    return [server, *server.children(recursive=True)]
+
+
+def placement(pid: int) -> dict[str, dict[str, int]]:
+    """Each server process's threads, counted by the cores they may run on."""
+    return {"api server" if p.pid == pid else " ".join(p.cmdline())[:40]:
+            dict(collections.Counter(_cores(t.id) for t in p.threads())) for p in _server(pid)}
+
+
+def free_non_model_threads(pid: int) -> None:
+    """Leave pinned only the engine core's main thread and OpenMP's workers (each bound to a core of its
+    own by KMP_AFFINITY); every other thread may run anywhere again. Threads a pinned thread starts
+    inherit its core: that is how the engine core's I/O threads end up on the model's first core."""
+    processes = _server(pid)
+    engine_core = next(p for p in processes if "EngineCore" in " ".join(p.cmdline()))  # vLLM's process title
+    for process in processes:
+        main = _cores(process.pid)
+        for thread in process.threads():
+            own_core = process is engine_core and (thread.id == process.pid or (_cores(thread.id) != main
+                                                                                 and len(os.sched_getaffinity(thread.id)) == 1))
+            if not own_core:
+                os.sched_setaffinity(thread.id, CORES)
+
+
+def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], free: bool) -> dict:
+    chosen = vllm.environment
+    with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):  # over what llmopt sets
         with llmopt.deploy("smollm2-135m-instruct", engine=engine) as endpoint:
-            row = {"config": label, "env": endpoint.environment, "ready_s": round(endpoint.seconds_to_ready, 1)}
+            if free:
+                free_non_model_threads(endpoint.pid)
+            row = {"config": label, "env": endpoint.environment, "ready_s": round(endpoint.seconds_to_ready, 1),
+                   "threads_by_cores": placement(endpoint.pid)}
             for level, count in LEVELS.items():
                 result = llmopt.evaluate(endpoint=endpoint.name, dataset="synthetic:64,128", concurrency=[level],
                                          requests=count, quality=False)
                 lvl = result.targets[0].levels[0]
                 row[f"out_tok_s_c{level}"] = round(lvl.output_tokens_per_s, 1)
                 row[f"itl_p50_ms_c{level}"] = round(lvl.itl_ms.p50, 2)
-            rows.append(row)
+            return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rows", nargs="*", help="labels of the rows to run (default: every row once)")
+    parser.add_argument("--repeat", type=int, default=1, help="take the rows in turn this many times (medians reported)")
+    args = parser.parse_args()
+    labels = args.rows or list(ROWS)
+    rows = [deploy_and_measure(label, *ROWS[label]) for _ in range(args.repeat) for label in labels]
     base = rows[0]
-    print(f"{'config':<40} {'ready s':>8} {'tok/s b1':>9} {'x':>6} {'tok/s b8':>9} {'x':>6}")
+    print(f"{'config':<50} {'ready s':>8} {'tok/s b1':>9} {'x':>6} {'tok/s b8':>9} {'x':>6}")
     for row in rows:
         for level in LEVELS:
             row[f"speedup_c{level}"] = round(row[f"out_tok_s_c{level}"] / base[f"out_tok_s_c{level}"], 3)
-        print(f"{row['config']:<40} {row['ready_s']:>8} {row['out_tok_s_c1']:>9} {row['speedup_c1']:>6} "
+        print(f"{row['config']:<50} {row['ready_s']:>8} {row['out_tok_s_c1']:>9} {row['speedup_c1']:>6} "
               f"{row['out_tok_s_c8']:>9} {row['speedup_c8']:>6}")
-    out = Path(__file__).parent / "results" / "engine_cpu_settings.json"
+        for process, counts in row["threads_by_cores"].items():
+            print(f"    {process[-40:]:<40} threads by allowed cores: {counts}")
+    medians = {label: {f"out_tok_s_c{level}": statistics.median(r[f"out_tok_s_c{level}"] for r in rows if r["config"] == label)
+                       for level in LEVELS} for label in labels}
+    if args.repeat > 1:
+        for label, median in medians.items():
+            print(f"median of {args.repeat}: {label:<40} " + "  ".join(f"{k} {v}" for k, v in median.items()))
+    out = Path(__file__).parent / "results" / ("engine_cpu_settings.json" if not args.rows and args.repeat == 1
+                                               else "engine_cpu_settings_repeat.json")
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"model": "smollm2-135m-instruct", "workload": "synthetic:64,128", "rows": rows}, indent=2))
-
+    out.write_text(json.dumps({"model": "smollm2-135m-instruct", "workload": "synthetic:64,128", "cores": CORES, "rows": rows,
+                               "medians": medians}, indent=2))
 
 if __name__ == "__main__":
     main()

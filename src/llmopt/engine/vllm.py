@@ -167,8 +167,11 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     if (executor or platform.default_executor(hw)) == "uni":
         # vLLM's CPU platform switches to its worker-process executor unless multiprocessing is off;
         # the API server still runs the engine core in a process of its own. Without that worker,
-        # vLLM no longer sets OpenMP's threads, so they are set as it would, minus the core pinning
-        # (pinned with vLLM's KMP_AFFINITY, decoding ran 3x slower here).
+        # vLLM no longer sets OpenMP's threads, so they are set as it would, minus the core pinning:
+        # KMP_AFFINITY in the server's environment pins the API server's main thread when it imports
+        # torch, and every thread and process it starts after (the engine core, the model's threads)
+        # inherits that one core (0.28x at batch 1); pinning only the model's threads did not pay on
+        # two cores, nor did a longer KMP_BLOCKTIME (benchmarks/engine_cpu_settings.py).
         env |= {
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "OMP_NUM_THREADS": str(max(1, hw.cores - reserved)),
