@@ -6,10 +6,12 @@ Intel OpenMP preloaded too, llmopt's choice (all of that, with the model run ins
 engine-core process instead of a worker process that busy-waits against it), and llmopt's choice
 with one model thread instead of two. Then thread placement on llmopt's choice: vLLM's own
 pinning (`KMP_AFFINITY` as its CPU worker sets it) given to the whole server, and the same with
-only the model's OpenMP threads left pinned (every other thread set back to every core once the
-server is ready). Each row records which cores each server thread may run on. Decode speed at
-batch 1 and 8 with fixed lengths (64 in, 128 out, end-of-sequence ignored). Writes
-benchmarks/results/engine_cpu_settings.json.
+every thread but the model's main one set back to every core once the server is ready; and
+OpenMP's spin before sleeping (`KMP_BLOCKTIME`) at 0 and 200 ms against vLLM's 5. Each row
+records which cores each server thread may run on. Decode speed at batch 1 and 8 with fixed
+lengths (64 in, 128 out, end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json;
+given row labels and --repeat N, takes those rows in turn N times and reports medians
+(results/engine_cpu_settings_repeat.json), for differences within the noise between deployments.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], bool]] = {  # label -> setti
     # thread the front end has taken the other core from
     "one model thread (1 reserved, preload, no worker)": (LLMOPT.model_copy(update={"reserved_cpus": 1}), {}, False),
     "llmopt, vLLM's pinning for the whole server": (LLMOPT, PINNED, False),
-    "llmopt, only the model's threads pinned": (LLMOPT, PINNED, True),
+    "llmopt, vLLM's pinning, then all but the model's main thread freed": (LLMOPT, PINNED, True),
     # how long OpenMP's idle threads spin before they sleep: vLLM's 5 ms, none, Intel's default
     "llmopt, KMP_BLOCKTIME=0": (LLMOPT, {"KMP_BLOCKTIME": "0"}, False),
     "llmopt, KMP_BLOCKTIME=200": (LLMOPT, {"KMP_BLOCKTIME": "200"}, False),
@@ -64,19 +66,16 @@ def placement(pid: int) -> dict[str, dict[str, int]]:
             dict(collections.Counter(_cores(t.id) for t in p.threads())) for p in _server(pid)}
 
 
-def free_non_model_threads(pid: int) -> None:
-    """Leave pinned only the engine core's main thread and OpenMP's workers (each bound to a core of its
-    own by KMP_AFFINITY); every other thread may run anywhere again. Threads a pinned thread starts
-    inherit its core: that is how the engine core's I/O threads end up on the model's first core."""
-    processes = _server(pid)
-    engine_core = next(p for p in processes if "EngineCore" in " ".join(p.cmdline()))  # vLLM's process title
-    for process in processes:
-        main = _cores(process.pid)
+def free_all_but_the_model_main_thread(pid: int) -> None:
+    """Every server thread may run on every core again, except the engine core's main thread (the
+    model's first OpenMP thread), kept on the first core. Pinning cannot do more here: with
+    KMP_AFFINITY set, the API server's import of torch pins its main thread to the first core, and
+    the engine core process it starts inherits that one-core mask, so OpenMP there binds every
+    thread, its second model thread included, to the same core."""
+    for process in _server(pid):
+        is_engine_core = "EngineCore" in " ".join(process.cmdline())  # vLLM's process title
         for thread in process.threads():
-            own_core = process is engine_core and (thread.id == process.pid or (_cores(thread.id) != main
-                                                                                 and len(os.sched_getaffinity(thread.id)) == 1))
-            if not own_core:
-                os.sched_setaffinity(thread.id, CORES)
+            os.sched_setaffinity(thread.id, CORES[:1] if is_engine_core and thread.id == process.pid else CORES)
 
 
 def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], free: bool) -> dict:
@@ -84,7 +83,7 @@ def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], fr
     with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):  # over what llmopt sets
         with llmopt.deploy("smollm2-135m-instruct", engine=engine) as endpoint:
             if free:
-                free_non_model_threads(endpoint.pid)
+                free_all_but_the_model_main_thread(endpoint.pid)
             row = {"config": label, "env": endpoint.environment, "ready_s": round(endpoint.seconds_to_ready, 1),
                    "threads_by_cores": placement(endpoint.pid)}
             for level, count in LEVELS.items():
