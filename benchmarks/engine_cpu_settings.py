@@ -72,10 +72,14 @@ def free_all_but_the_model_main_thread(pid: int) -> None:
     KMP_AFFINITY set, the API server's import of torch pins its main thread to the first core, and
     the engine core process it starts inherits that one-core mask, so OpenMP there binds every
     thread, its second model thread included, to the same core."""
-    for process in _server(pid):
-        is_engine_core = "EngineCore" in " ".join(process.cmdline())  # vLLM's process title
+    processes = _server(pid)
+    engine_core = next(p for p in processes if "EngineCore" in " ".join(p.cmdline()))  # vLLM's process title
+    for process in processes:
         for thread in process.threads():
-            os.sched_setaffinity(thread.id, CORES[:1] if is_engine_core and thread.id == process.pid else CORES)
+            try:
+                os.sched_setaffinity(thread.id, CORES[:1] if process is engine_core and thread.id == process.pid else CORES)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                continue
 
 
 def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], free: bool) -> dict:

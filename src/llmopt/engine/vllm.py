@@ -170,8 +170,8 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
         # vLLM no longer sets OpenMP's threads, so they are set as it would, minus the core pinning:
         # KMP_AFFINITY in the server's environment pins the API server's main thread when it imports
         # torch, and every thread and process it starts after (the engine core, the model's threads)
-        # inherits that one core (0.28x at batch 1); pinning only the model's threads did not pay on
-        # two cores, nor did a longer KMP_BLOCKTIME (benchmarks/engine_cpu_settings.py).
+        # inherits that one core (0.21x of unpinned at batch 1); pinning only the model's main thread
+        # did not pay on two cores, nor did a longer KMP_BLOCKTIME (benchmarks/engine_cpu_settings.py).
         env |= {
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "OMP_NUM_THREADS": str(max(1, hw.cores - reserved)),
