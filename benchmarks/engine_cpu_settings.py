@@ -27,6 +27,7 @@ from unittest import mock
 import psutil
 
 import llmopt
+from decode_profile import server_pids
 from llmopt import EngineConfig
 from llmopt.engine import vllm
 
@@ -72,12 +73,11 @@ def free_all_but_the_model_main_thread(pid: int) -> None:
     KMP_AFFINITY set, the API server's import of torch pins its main thread to the first core, and
     the engine core process it starts inherits that one-core mask, so OpenMP there binds every
     thread, its second model thread included, to the same core."""
-    processes = _server(pid)
-    engine_core = next(p for p in processes if "EngineCore" in " ".join(p.cmdline()))  # vLLM's process title
-    for process in processes:
+    engine_core = server_pids(pid)["engine core"]
+    for process in _server(pid):
         for thread in process.threads():
             try:
-                os.sched_setaffinity(thread.id, CORES[:1] if process is engine_core and thread.id == process.pid else CORES)
+                os.sched_setaffinity(thread.id, CORES[:1] if thread.id == engine_core else CORES)
             except ProcessLookupError:  # a thread that ended meanwhile
                 continue
 
@@ -125,6 +125,7 @@ def main() -> None:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"model": "smollm2-135m-instruct", "workload": "synthetic:64,128", "cores": CORES, "rows": rows,
                                "medians": medians}, indent=2))
+
 
 if __name__ == "__main__":
     main()
