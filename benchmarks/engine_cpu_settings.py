@@ -11,7 +11,7 @@ OpenMP's spin before sleeping (`KMP_BLOCKTIME`) at 0 and 200 ms against vLLM's 5
 records which cores each server thread may run on. Decode speed at batch 1 and 8 with fixed
 lengths (64 in, 128 out, end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json;
 given row labels and --repeat N, takes those rows in turn N times and reports medians
-(results/engine_cpu_settings_repeat.json), for differences within the noise between deployments.
+(results/engine_cpu_settings_repeat.json, or --out), for differences within the noise between deployments.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], bool]] = {  # label -> setti
     # how long OpenMP's idle threads spin before they sleep: vLLM's 5 ms, none, Intel's default
     "llmopt, KMP_BLOCKTIME=0": (LLMOPT, {"KMP_BLOCKTIME": "0"}, False),
     "llmopt, KMP_BLOCKTIME=200": (LLMOPT, {"KMP_BLOCKTIME": "200"}, False),
+    # fewer, larger stream chunks: less serializing and sending per token on the cores the model shares
+    "llmopt, stream interval 8": (LLMOPT.model_copy(update={"stream_interval": 8}), {}, False),
+    "llmopt, stream interval 32": (LLMOPT.model_copy(update={"stream_interval": 32}), {}, False),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
 
@@ -103,6 +106,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", nargs="*", help="labels of the rows to run (default: every row once)")
     parser.add_argument("--repeat", type=int, default=1, help="take the rows in turn this many times (medians reported)")
+    parser.add_argument("--out", help="the results file's name in results/ (default: engine_cpu_settings.json for every "
+                                      "row once, engine_cpu_settings_repeat.json otherwise)")
     args = parser.parse_args()
     labels = args.rows or list(ROWS)
     rows = [deploy_and_measure(label, *ROWS[label]) for _ in range(args.repeat) for label in labels]
@@ -120,8 +125,8 @@ def main() -> None:
     if args.repeat > 1:
         for label, median in medians.items():
             print(f"median of {args.repeat}: {label:<40} " + "  ".join(f"{k} {v}" for k, v in median.items()))
-    out = Path(__file__).parent / "results" / ("engine_cpu_settings.json" if not args.rows and args.repeat == 1
-                                               else "engine_cpu_settings_repeat.json")
+    out = Path(__file__).parent / "results" / (args.out or ("engine_cpu_settings.json" if not args.rows and args.repeat == 1
+                                                            else "engine_cpu_settings_repeat.json"))
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"model": "smollm2-135m-instruct", "workload": "synthetic:64,128", "cores": CORES, "rows": rows,
                                "medians": medians}, indent=2))

@@ -9,6 +9,8 @@ allows it), built by a real job with the built-in recipe (or reused by key):
   1 GiB, `llmopt.roofline.measure_rates`), over
   those bytes;
 - at batch 16, the compute bound too, from this machine's measured bf16 (and int8) matmul rate;
+- with speculation, the bound of a step's bytes over the tokens it kept (its measured mean
+  accepted length on the same requests), the verifying pass computing every proposed token;
 - what the deployed artifact achieves, from the time per output token (p50) of fixed-length
   requests (end-of-sequence ignored) at batch 1 with a short prompt and with ~1,000 tokens of
   prompt, and at batch 16; and the fraction of the bound.
@@ -27,13 +29,16 @@ import llmopt
 from llmopt import artifact
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
-from llmopt.roofline import bound_tokens_per_s, measure_rates, traffic
+from llmopt.roofline import Speculation, bound_tokens_per_s, measure_rates, traffic
 
 MODEL = "smollm2-135m-instruct"
 KINDS = {"bf16": "baseline", "SmoothQuant W8A8": "smoothquant",
          # the lm_head too (INT8 per channel, untied from the embeddings): 28M of the model's 135M parameters
          "SmoothQuant + lm_head": {"quantization": {"method": "smoothquant", "ignore": []}},
-         "AWQ W4A16": "awq", "block FP8": "fp8-block"}
+         "AWQ W4A16": "awq", "block FP8": "fp8-block",
+         # with speculation: n-gram prompt lookup (SmolLM2's recommended drafting), whose bound is a
+         # step's bytes over the tokens it keeps, measured on the same requests
+         "bf16 + n-gram": "ngram", "SmoothQuant + n-gram": {"quantization": {"method": "smoothquant"}, "speculative": {"method": "ngram"}}}
 OUTPUT_TOKENS = 128
 CASES = {  # name: (prompt tokens, concurrency, requests)
     "b1 short": (16, 1, 6),
@@ -43,16 +48,22 @@ CASES = {  # name: (prompt tokens, concurrency, requests)
 RESULTS = Path(__file__).parent / "results" / "roofline.json"
 
 
-def achieved(folder: Path) -> dict[str, float]:
-    """Decode tokens/s per case, from the median time per output token of fixed-length requests."""
+def achieved(folder: Path) -> dict[str, tuple[float, Speculation | None]]:
+    """Decode tokens/s per case, from the median time per output token of fixed-length requests, and
+    what speculation proposed and kept per step there (None where it did not speculate)."""
     speeds = {}
     with llmopt.deploy(str(folder)) as endpoint:
         for case, (prompt, concurrency, requests) in CASES.items():
             results = llmopt.evaluate(endpoint=endpoint.name, dataset=f"synthetic:{prompt},{OUTPUT_TOKENS}",
                                       concurrency=[concurrency], requests=requests, min_duration_s=0, quality=False)
             level = results.targets[0].levels[0]
-            speeds[case] = concurrency * 1000 / level.tpot_ms.p50 if level.tpot_ms else 0.0
-            print(f"  {case}: {speeds[case]:.1f} tokens/s (TPOT p50 {level.tpot_ms.p50 if level.tpot_ms else 0:.2f} ms)", flush=True)
+            spec = level.speculative
+            speeds[case] = (concurrency * 1000 / level.tpot_ms.p50 if level.tpot_ms else 0.0,
+                            Speculation(proposed=spec.draft_tokens / spec.drafts, accepted_length=spec.mean_accepted_length)
+                            if spec else None)
+            kept = f", {spec.mean_accepted_length:.2f} tokens a step" if spec else ""
+            print(f"  {case}: {speeds[case][0]:.1f} tokens/s (TPOT p50 {level.tpot_ms.p50 if level.tpot_ms else 0:.2f} ms{kept})",
+                  flush=True)
     return speeds
 
 
@@ -79,9 +90,11 @@ def main() -> None:
         row = {"kind": kind, "artifact": folder.name, "mb_per_token": round(found.weights_bytes / 1e6, 1),
                "perplexity": round(metrics.perplexity.perplexity, 3), "perplexity_increase": metrics.perplexity_increase, "cases": {}}
         for case, (prompt, concurrency, _) in CASES.items():
-            bound, limit = bound_tokens_per_s(found, rates, concurrency, prompt + OUTPUT_TOKENS // 2)
-            row["cases"][case] = {"achieved_tok_s": round(speeds[case], 1), "bound_tok_s": round(bound, 1), "limited_by": limit,
-                                  "fraction": round(speeds[case] / bound, 3)}
+            speed, speculation = speeds[case]
+            bound, limit = bound_tokens_per_s(found, rates, concurrency, prompt + OUTPUT_TOKENS // 2, speculation)
+            row["cases"][case] = {"achieved_tok_s": round(speed, 1), "bound_tok_s": round(bound, 1), "limited_by": limit,
+                                  "fraction": round(speed / bound, 3),
+                                  "accepted_length": round(speculation.accepted_length, 2) if speculation else None}
         rows.append(row)
     RESULTS.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
                                    "cpu_flags_amx": any(f.startswith("amx") for f in hardware.cpu_flags),
@@ -92,7 +105,7 @@ def main() -> None:
             print(f"{row['kind']:<22} refused here")
             continue
         cells = [f"{c['achieved_tok_s']:>8.1f} ({c['bound_tok_s']:>7.1f} {c['limited_by'][:3]}, {c['fraction']:>5.1%})"
-                 for c in row["cases"].values()]
+                 + (f" x{c['accepted_length']}" if c["accepted_length"] else "") for c in row["cases"].values()]
         increase = f"{row['perplexity_increase']:.1%}" if row["perplexity_increase"] is not None else "-"
         print(f"{row['kind']:<22} {row['mb_per_token']:>8} {increase:>6} " + " ".join(f"{c:>32}" for c in cells))
     print(f"wrote {RESULTS}")

@@ -157,8 +157,9 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
     }
     assert all(k != base for k in changed.values()), [name for name, k in changed.items() if k == base]
     assert len(set(changed.values())) == len(changed)
-    # seeds, memory, preloaded libraries and the executor change neither the code nor vLLM's key
-    assert _key(tmp_path, settings={"seed": 7, "kv_cache_gib": 8, "preload": False, "executor": "mp"}) == base
+    # seeds, memory, preloaded libraries, the executor and how tokens are streamed change neither
+    # the code nor vLLM's key
+    assert _key(tmp_path, settings={"seed": 7, "kv_cache_gib": 8, "preload": False, "executor": "mp", "stream_interval": 8}) == base
     # nor how many tokens speculation proposes, or when: n-gram with and without a schedule, and
     # three tokens or four, share one entry; speculation itself, or another method, is another
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}

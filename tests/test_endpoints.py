@@ -52,6 +52,26 @@ def test_completions_streaming(endpoint) -> None:
     assert len(chunks) > 1 and "5" in "".join(chunks)
 
 
+def _streamed_chunks(endpoint: endpoints.Endpoint, tokens: int) -> list[str]:
+    body = {"model": endpoint.served_name, "prompt": "1, 2, 3, 4,", "max_tokens": tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{endpoint.url}/v1/completions", json=body, timeout=60) as response:
+        return [json.loads(line[6:])["choices"][0]["text"] for line in response.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+@pytest.mark.engine
+def test_a_stream_interval_gathers_tokens_into_fewer_chunks(endpoint, smol) -> None:
+    """The same 32 tokens, streamed one by one by the session's endpoint and four at a time after
+    the first by one deployed with `stream_interval=4`."""
+    every = _streamed_chunks(endpoint, 32)
+    with llmopt.deploy(smol.id, name="gathered", engine=SMALL_ENGINE.model_copy(update={"stream_interval": 4})) as gathered:
+        assert "'stream_interval': 4" in Path(gathered.log_path).read_text()  # vLLM's own "non-default args" line
+        fewer = _streamed_chunks(gathered, 32)
+    assert "".join(fewer) == "".join(every)
+    assert len(every) >= 24 and len(fewer) <= 1 + 31 // 4 + 2, (len(every), len(fewer))
+
+
 @pytest.mark.engine
 def test_sagemaker_ping_and_invocations(endpoint) -> None:
     assert httpx.get(f"{endpoint.url}/ping", timeout=10).status_code == 200

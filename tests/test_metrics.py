@@ -211,6 +211,27 @@ def test_a_levels_decode_speed_against_the_bound_by_hand() -> None:
     assert benchmark.decode_bound(level, roofline.Traffic(0, 0, 0, 0), roofline.Rates(20.0, 800.0)) is None  # weights unknown
 
 
+def test_a_speculating_levels_bound_counts_the_tokens_a_step_keeps() -> None:
+    """10 drafts of 3 tokens with 12 accepted: a step keeps 2.2 tokens a sequence. With n-gram
+    lookup a step still reads the target once; a draft model adds its 3 passes."""
+    level = metrics.compute(_run(), TokenCounter(WordTokenizer()), PRICE, GoodputTargets())
+    level.speculative = engine_metrics.SpeculationStats(drafts=10, draft_tokens=30, accepted_tokens=12, acceptance_rate=0.4,
+                                                        mean_accepted_length=2.2)
+    traffic = roofline.Traffic(weights_bytes=10**9, kv_bytes_per_position=1000, macs_int8=0, macs_bf16=0)
+    rates = roofline.Rates(read_gb_s=20.0, bf16_gflop_s=800.0)
+    ngram = benchmark.decode_bound(level, traffic, rates)
+    assert ngram.bound_tok_s == pytest.approx(2 * 2.2 / ((10**9 + 2 * 8 * 1000) / 20e9)) and ngram.accepted_length == 2.2
+    assert format.bound(ngram) == "6% of 88 (memory, 2.2 tokens a step)"
+    draft = roofline.Traffic(weights_bytes=10**8, kv_bytes_per_position=100, macs_int8=0, macs_bf16=0)
+    drafted = benchmark.decode_bound(level, traffic, rates, draft)
+    assert drafted.bound_tok_s == pytest.approx(2 * 2.2 / ((10**9 + 2 * 8 * 1000 + 3 * (10**8 + 2 * 8 * 100)) / 20e9))
+    assert benchmark.decode_bound(level, traffic, rates, roofline.Traffic(0, 0, 0, 0)) is None  # a draft it cannot read
+    # verifying 4 tokens a step costs 4 tokens' multiply-adds: a batch reaches the compute bound sooner
+    heavy = roofline.Traffic(weights_bytes=10**9, kv_bytes_per_position=0, macs_int8=0, macs_bf16=10**9)
+    assert roofline.bound_tokens_per_s(heavy, rates, 16, 0)[1] == "memory"
+    assert roofline.bound_tokens_per_s(heavy, rates, 16, 0, roofline.Speculation(proposed=3, accepted_length=2.2))[1] == "compute"
+
+
 def test_the_machines_rates_are_measured_once_and_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("LLMOPT_HOME", str(tmp_path))
     calls = []
@@ -227,13 +248,12 @@ def test_the_rates_of_this_machine_are_plausible() -> None:
 
 
 def test_a_bound_is_left_out_where_it_does_not_apply(smol: sources.Model, tmp_path: Path) -> None:
-    """A reading, not the measurement: a speculating engine (several tokens a step), an unreadable
-    folder or no rates leave the bound out, and nothing fails."""
+    """A reading, not the measurement: a draft model or a folder llmopt cannot read, or no rates,
+    leave the bound out, and nothing fails."""
     rates = roofline.Rates(read_gb_s=20.0, bf16_gflop_s=800.0)
-    ngram = EngineConfig(speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=2,
-                                                       prompt_lookup_max=4))
+    unreadable_draft = EngineConfig(speculative=SpeculativeConfig(method="draft_model", model=str(tmp_path), num_speculative_tokens=3))
     (tmp_path / "config.json").write_text("{")
-    for weights, engine, given in ((Path(smol.path), ngram, rates), (tmp_path, None, rates), (Path(smol.path), None, None)):
+    for weights, engine, given in ((Path(smol.path), unreadable_draft, rates), (tmp_path, None, rates), (Path(smol.path), None, None)):
         level = metrics.compute(_run(), TokenCounter(WordTokenizer()), PRICE, GoodputTargets())
         benchmark.decode_bounds([level], weights, engine, given)
         assert level.decode_bound is None

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 import llmopt
 from llmopt import Calibration, DraftModel, NGram, Recipe, SmoothQuant, SpeculationSweep
-from llmopt import artifact, corpus, endpoints
+from llmopt import artifact, corpus, endpoints, roofline
 from llmopt.engine import vllm
 from llmopt.engine.config import BatchTokens, SpeculativeConfig
 from llmopt.errors import LlmoptError
@@ -141,6 +141,8 @@ def test_ngram_deploy_reports_acceptance_per_concurrency(ngram_job: llmopt.Job) 
                                   quality=False)
     low, high = results.targets[0].levels
     assert low.speculative.acceptance_rate > 0 and low.speculative.mean_accepted_length > 1
+    # the level's decode bound counts the tokens a step kept: n-gram lookup reads no draft weights
+    assert low.decode_bound.accepted_length == pytest.approx(low.speculative.mean_accepted_length)
     per_token = lambda lvl: (lvl.speculative.drafts if lvl.speculative else 0) / lvl.server_counted_tokens.output  # noqa: E731
     if artifact.load(ngram_job.artifact).metrics.speculative.sweep.disable_above_batch == 1:
         # batched, the schedule proposes nothing: only the requests that ran alone got drafts
@@ -164,6 +166,8 @@ def test_draft_model_job_with_the_target_as_its_own_draft(smol) -> None:
     config = manifest.engine.settings.speculative
     assert vllm.speculative_config(manifest.engine.settings) == {"method": "draft_model", "model": "./draft", "num_speculative_tokens": 3}
     assert manifest.located_engine(job.artifact).speculative.model == str(job.artifact / "draft")
+    # a speculating level's decode bound reads the draft's weights where the artifact lies
+    assert roofline.traffic(job.artifact / "draft").weights_bytes == roofline.traffic(job.artifact).weights_bytes
     # a draft identical to the target is accepted almost always
     assert manifest.metrics.verified.speculative.acceptance_rate > 0.9 and config.schedule is None
 

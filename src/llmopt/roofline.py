@@ -149,10 +149,33 @@ def traffic(folder: Path) -> Traffic:
     return Traffic(weights_bytes=streamed, kv_bytes_per_position=kv, macs_int8=macs_int8, macs_bf16=macs_bf16)
 
 
-def bound_tokens_per_s(found: Traffic, rates: Rates, batch: int, context: int) -> tuple[float, str]:
+@dataclass(frozen=True)
+class Speculation:
+    """A speculating step: each sequence verifies `proposed` drafted tokens in one pass of the target
+    and keeps `accepted_length` tokens on average (1 + the accepted drafts); a draft model (None for
+    n-gram lookup, which reads no weights) runs `proposed` passes of its own to draft them."""
+
+    proposed: float
+    accepted_length: float
+    draft: Traffic | None = None
+
+
+def bound_tokens_per_s(found: Traffic, rates: Rates, batch: int, context: int,
+                       speculation: Speculation | None = None) -> tuple[float, str]:
     """A step reads the weights once and each sequence's KV cache, and does each sequence's
-    multiply-adds; its time is the larger of the two. Tokens/s, and which of the two bounds it."""
-    memory_s = (found.weights_bytes + batch * context * found.kv_bytes_per_position) / (rates.read_gb_s * 1e9)
+    multiply-adds for every token it verifies; a draft model's passes add theirs. Its time is the
+    larger of reading and computing; it yields one token per sequence, or the accepted length when
+    speculating. Tokens/s, and which of the two bounds it."""
     int8_rate = rates.int8_gflop_s or rates.bf16_gflop_s
-    compute_s = batch * 2 * (found.macs_int8 / (int8_rate * 1e9) + found.macs_bf16 / (rates.bf16_gflop_s * 1e9))
-    return batch / max(memory_s, compute_s), "memory" if memory_s >= compute_s else "compute"
+
+    def seconds(model: Traffic, passes: float, tokens: float) -> tuple[float, float]:
+        read = passes * (model.weights_bytes + batch * context * model.kv_bytes_per_position) / (rates.read_gb_s * 1e9)
+        compute = batch * tokens * 2 * (model.macs_int8 / (int8_rate * 1e9) + model.macs_bf16 / (rates.bf16_gflop_s * 1e9))
+        return read, compute
+
+    memory_s, compute_s = seconds(found, 1, 1 + (speculation.proposed if speculation else 0))
+    if speculation is not None and speculation.draft is not None:
+        draft_read, draft_compute = seconds(speculation.draft, speculation.proposed, speculation.proposed)
+        memory_s, compute_s = memory_s + draft_read, compute_s + draft_compute
+    tokens = batch * (speculation.accepted_length if speculation else 1)
+    return tokens / max(memory_s, compute_s), "memory" if memory_s >= compute_s else "compute"

@@ -34,7 +34,7 @@ ARTIFACT_DIR = "compile-cache"  # an artifact's own copy of its entry
 COMPILED_DIRS = ("inductor", "vllm")
 # Settings that change neither compiled code nor vLLM's key for its saved model (which leaves out
 # VLLM_CPU_KVCACHE_SPACE and VLLM_ENABLE_V1_MULTIPROCESSING but keys the reserved cores' variable).
-IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload", "kv_cache_gib", "executor"})
+IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload", "kv_cache_gib", "executor", "stream_interval"})
 SERVED_DIR = ".served"  # per key: the links through which every start names its model
 # Speculation settings that change no compiled graph: how many tokens are proposed and how they are
 # looked up only change how many tokens a step verifies, a dynamic shape (vLLM's own key for its

@@ -77,6 +77,10 @@ class EngineConfig(_Settings):
         None, gt=0, le=1 << 20, description="Tokens scheduled per step: the chunked-prefill budget (vLLM's default if unset)."
     )
     dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Activation and unquantized-weight dtype.")
+    stream_interval: int = Field(
+        1, ge=1, le=4096, description="Output tokens the server gathers into each streamed chunk after the first: "
+        "fewer chunks to serialize and send, at the cost of a burstier stream (1: every token as it comes)."
+    )
     kv_cache_gib: int = Field(2, gt=0, le=4096, description="KV cache size on CPU, GiB.")
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="Share of each GPU's memory vLLM may take (weights, activations, KV cache); "

@@ -127,26 +127,36 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
 def decode_bounds(found: list[Level], weights: Path | None, engine: EngineConfig | None, rates: roofline.Rates | None) -> None:
     """Each level's decode speed against the machine's bound, where one applies. It is a reading,
     not the measurement: weights it cannot read leave it out and lose nothing else."""
-    if rates is None or weights is None or (engine is not None and engine.speculative is not None):
+    if rates is None or weights is None:
         return
+    spec = engine.speculative if engine is not None else None
     try:
         traffic = roofline.traffic(weights)
+        draft = roofline.traffic(Path(spec.model)) if spec is not None and spec.model else None
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return
     for level in found:
-        level.decode_bound = decode_bound(level, traffic, rates)
+        level.decode_bound = decode_bound(level, traffic, rates, draft)
 
 
-def decode_bound(level: Level, traffic: roofline.Traffic, rates: roofline.Rates) -> DecodeBound | None:
-    """The level's decode speed against the bound at its batch and mean context. None where the
-    bound does not apply: weights llmopt cannot read, or speculation (a step yields several tokens)."""
-    if not traffic.weights_bytes or level.speculative is not None or not level.tpot_ms or level.tpot_ms.p50 <= 0:
+def decode_bound(level: Level, traffic: roofline.Traffic, rates: roofline.Rates,
+                 draft: roofline.Traffic | None = None) -> DecodeBound | None:
+    """The level's decode speed against the bound at its batch and mean context; when it speculated,
+    a step yields the level's measured accepted length, and `draft` (a draft model's weights) adds
+    its passes. None where llmopt cannot read the weights, the target's or a draft model's."""
+    if not traffic.weights_bytes or not level.tpot_ms or level.tpot_ms.p50 <= 0:
         return None
+    spec = level.speculative
+    if spec is not None and draft is not None and not draft.weights_bytes:
+        return None
+    speculation = roofline.Speculation(proposed=spec.draft_tokens / spec.drafts, accepted_length=spec.mean_accepted_length,
+                                       draft=draft) if spec is not None else None
     per = level.per_request
     context = (per.input_tokens.mean if per.input_tokens else 0) + (per.output_tokens.mean if per.output_tokens else 0) / 2
-    bound, limit = roofline.bound_tokens_per_s(traffic, rates, level.concurrency, round(context))
+    bound, limit = roofline.bound_tokens_per_s(traffic, rates, level.concurrency, round(context), speculation)
     return DecodeBound(achieved_tok_s=level.concurrency * 1000 / level.tpot_ms.p50, bound_tok_s=bound, limited_by=limit,
-                       weights_read_per_token_bytes=traffic.weights_bytes, read_gb_s=rates.read_gb_s)
+                       weights_read_per_token_bytes=traffic.weights_bytes, read_gb_s=rates.read_gb_s,
+                       accepted_length=speculation.accepted_length if speculation else None)
 
 
 def measure(target: TargetResult, headers: dict[str, str]) -> Quality:

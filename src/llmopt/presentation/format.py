@@ -43,5 +43,9 @@ def megabytes(size: int | None) -> str:
 
 
 def bound(found: DecodeBound | None) -> str:
-    """'54% of 73 (memory)': decode speed as a share of the machine's bound, in tokens/s."""
-    return f"{found.fraction:.0%} of {found.bound_tok_s:.0f} ({found.limited_by})" if found else ""
+    """'54% of 73 (memory)': decode speed as a share of the machine's bound, in tokens/s; a
+    speculating level's says how many tokens a step kept ('..., 2.1 tokens a step')."""
+    if found is None:
+        return ""
+    step = f", {found.accepted_length:.1f} tokens a step" if found.accepted_length is not None else ""
+    return f"{found.fraction:.0%} of {found.bound_tok_s:.0f} ({found.limited_by}{step})"
