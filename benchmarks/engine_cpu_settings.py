@@ -7,7 +7,8 @@ engine-core process instead of a worker process that busy-waits against it), and
 with one model thread instead of two. Then thread placement on llmopt's choice: vLLM's own
 pinning (`KMP_AFFINITY` as its CPU worker sets it) given to the whole server, and the same with
 every thread but the model's main one set back to every core once the server is ready; and
-OpenMP's spin before sleeping (`KMP_BLOCKTIME`) at 0 and 200 ms against vLLM's 5. Each row
+OpenMP's spin before sleeping (`KMP_BLOCKTIME`) at 0 and 200 ms against vLLM's 5; and streaming
+8 or 32 tokens a chunk (`stream_interval`) instead of every token. Each row
 records which cores each server thread may run on. Decode speed at batch 1 and 8 with fixed
 lengths (64 in, 128 out, end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json;
 given row labels and --repeat N, takes those rows in turn N times and reports medians

@@ -9,18 +9,20 @@ allows it), built by a real job with the built-in recipe (or reused by key):
   1 GiB, `llmopt.roofline.measure_rates`), over
   those bytes;
 - at batch 16, the compute bound too, from this machine's measured bf16 (and int8) matmul rate;
-- with speculation, the bound of a step's bytes over the tokens it kept (its measured mean
-  accepted length on the same requests), the verifying pass computing every proposed token;
+- with speculation, the bound of a step's bytes over the tokens it kept (the tokens decoded over
+  the decode steps, counted from vLLM's counters on the same requests: every step, also those that
+  drafted nothing), the verifying pass computing every proposed token;
 - what the deployed artifact achieves, from the time per output token (p50) of fixed-length
   requests (end-of-sequence ignored) at batch 1 with a short prompt and with ~1,000 tokens of
   prompt, and at batch 16; and the fraction of the bound.
-Writes benchmarks/results/roofline.json.
+Writes benchmarks/results/roofline.json (or --out), every row or those named.
 
-    .venv/bin/python benchmarks/roofline.py
+    .venv/bin/python benchmarks/roofline.py [KIND ...] [--out NAME.json]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -29,6 +31,7 @@ import llmopt
 from llmopt import artifact
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
+from llmopt.evaluation import benchmark
 from llmopt.roofline import Speculation, bound_tokens_per_s, measure_rates, traffic
 
 MODEL = "smollm2-135m-instruct"
@@ -57,23 +60,28 @@ def achieved(folder: Path) -> dict[str, tuple[float, Speculation | None]]:
             results = llmopt.evaluate(endpoint=endpoint.name, dataset=f"synthetic:{prompt},{OUTPUT_TOKENS}",
                                       concurrency=[concurrency], requests=requests, min_duration_s=0, quality=False)
             level = results.targets[0].levels[0]
-            spec = level.speculative
-            speeds[case] = (concurrency * 1000 / level.tpot_ms.p50 if level.tpot_ms else 0.0,
-                            Speculation(proposed=spec.draft_tokens / spec.drafts, accepted_length=spec.mean_accepted_length)
-                            if spec else None)
-            kept = f", {spec.mean_accepted_length:.2f} tokens a step" if spec else ""
+            speculating = benchmark.speculation(level)
+            speeds[case] = (concurrency * 1000 / level.tpot_ms.p50 if level.tpot_ms else 0.0, speculating)
+            kept = f", {speculating.accepted_length:.2f} tokens a step" if speculating else ""
             print(f"  {case}: {speeds[case][0]:.1f} tokens/s (TPOT p50 {level.tpot_ms.p50 if level.tpot_ms else 0:.2f} ms{kept})",
                   flush=True)
     return speeds
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kinds", nargs="*", help=f"the rows to run (default: every one): {', '.join(KINDS)}")
+    parser.add_argument("--out", default=RESULTS.name, help="the results file's name in results/")
+    args = parser.parse_args()
+    if unknown := [kind for kind in args.kinds if kind not in KINDS]:
+        parser.error(f"no row named {', '.join(unknown)}")
     hardware = platform.detect()
     rates = measure_rates(hardware.cores)
     print(f"{hardware.cpu_model}, {hardware.cores} cores: read {rates.read_gb_s} GB/s, copy {rates.copy_gb_s} GB/s, "
           f"bf16 matmul {rates.bf16_gflop_s} GFLOP/s, int8 {rates.int8_gflop_s} GFLOP/s", flush=True)
     rows = []
-    for kind, recipe in KINDS.items():
+    for kind in args.kinds or KINDS:
+        recipe = KINDS[kind]
         try:
             job = llmopt.optimize(MODEL, recipe)
         except LlmoptError as exc:
@@ -94,9 +102,11 @@ def main() -> None:
             bound, limit = bound_tokens_per_s(found, rates, concurrency, prompt + OUTPUT_TOKENS // 2, speculation)
             row["cases"][case] = {"achieved_tok_s": round(speed, 1), "bound_tok_s": round(bound, 1), "limited_by": limit,
                                   "fraction": round(speed / bound, 3),
-                                  "accepted_length": round(speculation.accepted_length, 2) if speculation else None}
+                                  "accepted_length": round(speculation.accepted_length, 2) if speculation else None,
+                                  "proposed": round(speculation.proposed, 2) if speculation else None}
         rows.append(row)
-    RESULTS.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
+    out = RESULTS.with_name(args.out)
+    out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
                                    "cpu_flags_amx": any(f.startswith("amx") for f in hardware.cpu_flags),
                                    "machine": asdict(rates), "output_tokens": OUTPUT_TOKENS, "rows": rows}, indent=2) + "\n")
     print(f"\n{'kind':<22} {'MB/token':>8} {'ppl +':>6} " + " ".join(f"{c + ' tok/s (bound, %)':>32}" for c in CASES))
@@ -108,7 +118,7 @@ def main() -> None:
                  + (f" x{c['accepted_length']}" if c["accepted_length"] else "") for c in row["cases"].values()]
         increase = f"{row['perplexity_increase']:.1%}" if row["perplexity_increase"] is not None else "-"
         print(f"{row['kind']:<22} {row['mb_per_token']:>8} {increase:>6} " + " ".join(f"{c:>32}" for c in cells))
-    print(f"wrote {RESULTS}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -212,20 +212,27 @@ def test_a_levels_decode_speed_against_the_bound_by_hand() -> None:
 
 
 def test_a_speculating_levels_bound_counts_the_tokens_a_step_keeps() -> None:
-    """10 drafts of 3 tokens with 12 accepted: a step keeps 2.2 tokens a sequence. With n-gram
-    lookup a step still reads the target once; a draft model adds its 3 passes."""
+    """Three answers of 30 tokens in all: 27 decoded. 10 steps drafted 30 tokens and 12 were accepted,
+    so the 27 took 15 steps (5 drafted nothing, which vLLM's counters leave out): 1.8 tokens and 2
+    proposed a step, not the 2.2 the drafting steps alone kept. With n-gram lookup a step still reads
+    the target once; a draft model adds its passes."""
     level = metrics.compute(_run(), TokenCounter(WordTokenizer()), PRICE, GoodputTargets())
+    assert level.invocations - level.invocation_errors - level.empty_responses == 3
+    level.server_counted_tokens.output = 30
     level.speculative = engine_metrics.SpeculationStats(drafts=10, draft_tokens=30, accepted_tokens=12, acceptance_rate=0.4,
                                                         mean_accepted_length=2.2)
+    assert benchmark.speculation(level) == roofline.Speculation(proposed=2.0, accepted_length=1.8)
     traffic = roofline.Traffic(weights_bytes=10**9, kv_bytes_per_position=1000, macs_int8=0, macs_bf16=0)
     rates = roofline.Rates(read_gb_s=20.0, bf16_gflop_s=800.0)
     ngram = benchmark.decode_bound(level, traffic, rates)
-    assert ngram.bound_tok_s == pytest.approx(2 * 2.2 / ((10**9 + 2 * 8 * 1000) / 20e9)) and ngram.accepted_length == 2.2
-    assert format.bound(ngram) == "6% of 88 (memory, 2.2 tokens a step)"
+    assert ngram.bound_tok_s == pytest.approx(2 * 1.8 / ((10**9 + 2 * 8 * 1000) / 20e9)) and ngram.accepted_length == 1.8
+    assert format.bound(ngram) == "7% of 72 (memory, 1.8 tokens a step)"
     draft = roofline.Traffic(weights_bytes=10**8, kv_bytes_per_position=100, macs_int8=0, macs_bf16=0)
     drafted = benchmark.decode_bound(level, traffic, rates, draft)
-    assert drafted.bound_tok_s == pytest.approx(2 * 2.2 / ((10**9 + 2 * 8 * 1000 + 3 * (10**8 + 2 * 8 * 100)) / 20e9))
+    assert drafted.bound_tok_s == pytest.approx(2 * 1.8 / ((10**9 + 2 * 8 * 1000 + 2.0 * (10**8 + 2 * 8 * 100)) / 20e9))
     assert benchmark.decode_bound(level, traffic, rates, roofline.Traffic(0, 0, 0, 0)) is None  # a draft it cannot read
+    level.server_counted_tokens.output = 3 + 12  # counters that cannot be (no step left): no bound, rather than a wrong one
+    assert benchmark.decode_bound(level, traffic, rates) is None
     # verifying 4 tokens a step costs 4 tokens' multiply-adds: a batch reaches the compute bound sooner
     heavy = roofline.Traffic(weights_bytes=10**9, kv_bytes_per_position=0, macs_int8=0, macs_bf16=10**9)
     assert roofline.bound_tokens_per_s(heavy, rates, 16, 0)[1] == "memory"

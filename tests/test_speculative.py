@@ -141,8 +141,9 @@ def test_ngram_deploy_reports_acceptance_per_concurrency(ngram_job: llmopt.Job) 
                                   quality=False)
     low, high = results.targets[0].levels
     assert low.speculative.acceptance_rate > 0 and low.speculative.mean_accepted_length > 1
-    # the level's decode bound counts the tokens a step kept: n-gram lookup reads no draft weights
-    assert low.decode_bound.accepted_length == pytest.approx(low.speculative.mean_accepted_length)
+    # the level's decode bound counts the tokens its steps kept, the steps that found no match and
+    # drafted nothing too (vLLM's mean accepted length counts only those that drafted)
+    assert 1 < low.decode_bound.accepted_length <= low.speculative.mean_accepted_length
     per_token = lambda lvl: (lvl.speculative.drafts if lvl.speculative else 0) / lvl.server_counted_tokens.output  # noqa: E731
     if artifact.load(ngram_job.artifact).metrics.speculative.sweep.disable_above_batch == 1:
         # batched, the schedule proposes nothing: only the requests that ran alone got drafts

@@ -139,24 +139,38 @@ def decode_bounds(found: list[Level], weights: Path | None, engine: EngineConfig
         level.decode_bound = decode_bound(level, traffic, rates, draft)
 
 
+def speculation(level: Level, draft: roofline.Traffic | None = None) -> roofline.Speculation | None:
+    """What the level's decode steps proposed and kept per sequence, averaged over every step. vLLM
+    counts only the steps that drafted (its mean accepted length): a step with no n-gram match, or
+    above a schedule's batch size, keeps one token and proposes none, so the steps are counted from
+    the tokens decoded (each step keeps one, plus what it accepted). None where it did not speculate."""
+    spec = level.speculative
+    if spec is None:
+        return None
+    answered = level.invocations - level.invocation_errors - level.empty_responses
+    decoded = level.server_counted_tokens.output - answered  # each answer's first token is its prefill's
+    steps = decoded - spec.accepted_tokens
+    if steps <= 0:
+        return None
+    return roofline.Speculation(proposed=spec.draft_tokens / steps, accepted_length=decoded / steps, draft=draft)
+
+
 def decode_bound(level: Level, traffic: roofline.Traffic, rates: roofline.Rates,
                  draft: roofline.Traffic | None = None) -> DecodeBound | None:
     """The level's decode speed against the bound at its batch and mean context; when it speculated,
-    a step yields the level's measured accepted length, and `draft` (a draft model's weights) adds
+    a step yields the tokens its steps kept on average, and `draft` (a draft model's weights) adds
     its passes. None where llmopt cannot read the weights, the target's or a draft model's."""
     if not traffic.weights_bytes or not level.tpot_ms or level.tpot_ms.p50 <= 0:
         return None
-    spec = level.speculative
-    if spec is not None and draft is not None and not draft.weights_bytes:
+    speculating = speculation(level, draft)
+    if level.speculative is not None and (speculating is None or (draft is not None and not draft.weights_bytes)):
         return None
-    speculation = roofline.Speculation(proposed=spec.draft_tokens / spec.drafts, accepted_length=spec.mean_accepted_length,
-                                       draft=draft) if spec is not None else None
     per = level.per_request
     context = (per.input_tokens.mean if per.input_tokens else 0) + (per.output_tokens.mean if per.output_tokens else 0) / 2
-    bound, limit = roofline.bound_tokens_per_s(traffic, rates, level.concurrency, round(context), speculation)
+    bound, limit = roofline.bound_tokens_per_s(traffic, rates, level.concurrency, round(context), speculating)
     return DecodeBound(achieved_tok_s=level.concurrency * 1000 / level.tpot_ms.p50, bound_tok_s=bound, limited_by=limit,
                        weights_read_per_token_bytes=traffic.weights_bytes, read_gb_s=rates.read_gb_s,
-                       accepted_length=speculation.accepted_length if speculation else None)
+                       accepted_length=speculating.accepted_length if speculating else None)
 
 
 def measure(target: TargetResult, headers: dict[str, str]) -> Quality:

@@ -90,14 +90,14 @@ class DecodeBound(_Result):
     """How close decoding came to what the machine allows (llmopt.roofline): the bound its measured
     read bandwidth (or matmul rate, at a large batch) sets for the weights a step reads and the KV
     cache at the level's mean context, against the decode speed achieved (concurrency / TPOT p50).
-    When the level speculated, a step's tokens are its measured accepted length."""
+    When the level speculated, a step's tokens are those its decode steps kept on average."""
 
     achieved_tok_s: float
     bound_tok_s: float
     limited_by: Literal["memory", "compute"]
     weights_read_per_token_bytes: int
     read_gb_s: float
-    accepted_length: float | None = None  # tokens a speculating step kept per sequence, on average
+    accepted_length: float | None = None  # tokens a speculating level's decode steps kept per sequence, on average
 
     @property
     def fraction(self) -> float:

@@ -115,7 +115,8 @@ def level_table(target: TargetResult) -> str:
     note = (f"<p>Decode vs bound: tokens/s decoded (concurrency / TPOT p50) against what this machine allows, "
             f"{known.weights_read_per_token_bytes / 1e6:.0f} MB of weights read per step (and the KV cache at the "
             f"level's mean context) at {known.read_gb_s:.1f} GB/s measured read bandwidth, or its matmul rate "
-            f"where that binds first.</p>") if known else ""
+            f"where that binds first; a speculating level's step yields the tokens its steps kept, and a draft "
+            f"model's passes add their reads.</p>") if known else ""
     return _table(head, rows) + note + aborted
 
 
