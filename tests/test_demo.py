@@ -43,6 +43,8 @@ def test_demo_optimizes_and_compares_on_the_real_engine(smol, tmp_path: Path) ->
     assert f"time per output token {format.ratio(row.levels[0].tpot_p50)} at concurrency 1 (natural outputs)" in stdout
     assert f"price per token on equal work {format.ratio(row.levels[-1].blended_price, 'cheaper', 'dearer')}" in stdout
     assert f"perplexity {100 * (row.perplexity_ratio - 1):+.1f}%" in stdout
+    forced = row.greedy_agreement.forced_token_agreement
+    assert f"{forced:.0%} of the reference's greedy tokens ranked first too" in stdout and forced > 0.75
     assert (tmp_path / "demo" / "report.html").is_file()
     # the original and the artifact were deployed in turn, and both are stopped
     deployed = [e for e in endpoints.list_endpoints() if e.name not in before]

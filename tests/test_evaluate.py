@@ -84,7 +84,7 @@ def test_a_target_against_its_own_copy_is_no_measurable_difference(smol, baselin
     for target in results.targets:  # each leg prefills from a cold prefix cache (a cached one took a sixth of the time)
         assert target.equal_work[0].ttft_ms.p50 > 0.6 * target.levels[0].ttft_ms.p50, target.label
     assert row.perplexity_ratio == pytest.approx(1.0, abs=0.01)  # same weights, same engine
-    assert row.greedy_agreement.token_agreement > 0.9
+    assert row.greedy_agreement.token_agreement > 0.9 and row.greedy_agreement.forced_token_agreement > 0.95
     assert "no measurable difference" in (out / "report.html").read_text()
     _screenshot(out / "report.html", "compare")
 

@@ -22,13 +22,19 @@ from conftest import QUICK_SMOOTHQUANT, assert_one_line_error, run_cli
 
 SCHEMES = {
     # name: (recipe, the kernel vLLM must pick on CPU, checkpoint format)
-    # AWQ's defaults land at +11.5-11.8% against its 12% budget (benchmarks/awq_quality.py); CI
+    # AWQ's defaults land at +10.2-11.8% against its 12% budget (benchmarks/awq_quality.py); CI
     # allows 15% so calibration-order noise cannot fail it, and the budget itself is tested below.
-    "awq": (Recipe(quantization=AWQ(max_perplexity_increase=0.15)), "CPUWNA16LinearKernel", "pack-quantized"),
+    # A third of the calibration tokens (8 windows of 256) halves the quantizing (196 s to 90 s
+    # here) and landed at +10.0%.
+    "awq": (Recipe(quantization=AWQ(max_perplexity_increase=0.15, calibration=Calibration(samples=8, sequence_length=256))),
+            "CPUWNA16LinearKernel", "pack-quantized"),
     # the built-in smoothquant recipe: the session's `smoothquant` fixture builds it, this job reuses its artifact
     "smoothquant": (Recipe(quantization=SmoothQuant()), "CPUInt8ScaledMMLinearKernel", "int-quantized"),
-    # the lm_head too (untied from the embeddings, INT8 per channel): the bytes every token reads
-    "smoothquant-lm-head": (Recipe(quantization=SmoothQuant(ignore=[])), "CPUInt8ScaledMMLinearKernel", "int-quantized"),
+    # the lm_head too (untied from the embeddings, INT8 per channel): the bytes every token reads.
+    # Rounded weights (the suite's quick SmoothQuant) quantize in 11 s, not 68, and landed at +2.6%
+    # against GPTQ's +1.0%; CI allows 5% where the built-in budget is 3%.
+    "smoothquant-lm-head": (Recipe(quantization=SmoothQuant(**{**QUICK_SMOOTHQUANT, "ignore": [], "max_perplexity_increase": 0.05})),
+                            "CPUInt8ScaledMMLinearKernel", "int-quantized"),
     # needs AMX tiles on CPU: refused by the matrix on other processors, which the test then checks instead
     "fp8-block": (Recipe(quantization=FP8(scheme="block")), "CPUFp8BlockScaledMMKernel", "float-quantized"),
     "kv-fp8": (Recipe(kv_cache=KVCache(dtype="fp8")), None, None),
@@ -99,6 +105,11 @@ def test_scheme_end_to_end(quantized, baseline: llmopt.Job, smol: sources.Model)
     increase = metrics.perplexity.perplexity / base.perplexity - 1
     assert metrics.perplexity_increase == pytest.approx(increase, abs=1e-4)
     assert increase <= (manifest.recipe.quantization.max_perplexity_increase if quantizes else 0.10)
+    # teacher-forced, the artifact ranks most of the source's greedy tokens first (SmoothQuant about
+    # 95%, AWQ 84%); quantized weights part the free-running answers early, so far fewer positions agree
+    agreed = metrics.greedy_agreement
+    assert agreed.forced_token_agreement > 0.75
+    assert agreed.forced_token_agreement > agreed.token_agreement or not quantizes
 
     with job.deploy(name=f"ep-{scheme}") as endpoint:
         # the endpoint serves the very model the job measured within budget...
@@ -117,12 +128,13 @@ def test_calibration_is_recorded(quantized) -> None:
     scheme, job, _, _, refused = quantized
     if refused is not None or scheme == "kv-fp8":
         return
-    q = artifact.verify(job.artifact).metrics.quantization
+    manifest = artifact.verify(job.artifact)
+    q = manifest.metrics.quantization
     if scheme == "fp8-block":
         assert q.calibration is None  # data-free
         assert q.block_size == (64, 128) and "does not divide" in q.fit_note
         return
-    cal, asked = q.calibration, (AWQ().calibration if scheme == "awq" else SmoothQuant().calibration)
+    cal, asked = q.calibration, manifest.recipe.quantization.calibration
     assert cal.dataset == "builtin" and cal.samples_requested == asked.samples and 0 < cal.samples <= asked.samples
     assert cal.sequence_length == asked.sequence_length and cal.tokens == cal.samples * asked.sequence_length
     assert len(cal.sha256) == 64

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import shutil
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +45,42 @@ SERVED_DIR = ".served"  # per key: the links through which every start names its
 UNCOMPILED_SPECULATION = frozenset({"num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "schedule"})
 
 
-def weights_hash(model_path: str | Path) -> str:
-    """The weights and config of a model folder (quantization lives in both)."""
+def weights_layout(model_path: str | Path) -> str:
+    """What compiled code is built from: config.json (so the quantization) and every tensor's name,
+    dtype and shape, not the weights' values, which vLLM hands its compiled graphs as inputs (its
+    own key leaves them out too). A model quantized again with other calibration data, or a
+    fine-tune of the same architecture, starts from the same entry. One-element tensors (a KV cache
+    or activation scale) count by value too, since a traced graph may fold such a number in."""
     root = Path(model_path)
-    files = sorted(p for p in root.iterdir() if p.suffix == ".safetensors" or p.name == "config.json")
-    return hashing.json_sha256([[path.name, hashing.remembered_sha256(path)] for path in files])
+    tensors: dict[str, Any] = {}
+    for path in sorted(root.glob("*.safetensors")):
+        tensors.update(_tensor_layout(path))
+    config = root / "config.json"
+    return hashing.json_sha256([sorted(tensors.items()), hashing.remembered_sha256(config) if config.is_file() else None])
+
+
+def _tensor_layout(path: Path) -> dict[str, Any]:
+    """Each tensor's dtype and shape from a safetensors header (and a one-element tensor's bytes);
+    a file whose header does not parse counts by its content, and vLLM then says what is wrong."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        size = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        try:
+            if not 0 < size <= path.stat().st_size - 8:
+                raise ValueError("no safetensors header")
+            layout = {}
+            for name, tensor in json.loads(f.read(size)).items():
+                if name == "__metadata__":
+                    continue
+                start, end = tensor["data_offsets"]
+                value = None
+                if math.prod(tensor["shape"]) == 1:
+                    f.seek(8 + size + start)
+                    value = f.read(end - start).hex()
+                layout[name] = [tensor["dtype"], tensor["shape"], value]
+            return layout
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return {path.name: hashing.remembered_sha256(path)}
 
 
 def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardware, engine: tuple[str, str],
@@ -60,10 +93,10 @@ def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardwa
     spec = relevant.get("speculative")
     if spec:
         spec = {k: v for k, v in spec.items() if k not in UNCOMPILED_SPECULATION}
-        relevant["speculative"] = {**spec, "model": weights_hash(Path(spec["model"]))} if spec.get("model") else spec
+        relevant["speculative"] = {**spec, "model": weights_layout(Path(spec["model"]))} if spec.get("model") else spec
     return {
         "schema": SCHEMA,
-        "weights": weights_hash(model_path),
+        "weights": weights_layout(model_path),
         "settings": relevant,
         "engine": list(engine),
         "torch": torch_version,

@@ -110,7 +110,7 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
                 entry.aborted = next((level.aborted for level in entry.equal_work if level.aborted), None)
             if measure_quality and entry.aborted is None:
                 events("quality", target=entry.label)
-                entry.quality = measure(entry, target.headers)
+                entry.quality = measure(entry, target.headers, results.targets[0].quality if results.targets else None)
         finally:
             if target.deployed is not None:
                 target.deployed.stop()
@@ -173,8 +173,10 @@ def decode_bound(level: Level, traffic: roofline.Traffic, rates: roofline.Rates,
                        accepted_length=speculating.accepted_length if speculating else None)
 
 
-def measure(target: TargetResult, headers: dict[str, str]) -> Quality:
-    """Perplexity of held-out text and greedy outputs; either may be unavailable on a foreign server."""
+def measure(target: TargetResult, headers: dict[str, str], reference: Quality | None = None) -> Quality:
+    """Perplexity of held-out text and greedy outputs, and how many of the reference's greedy tokens
+    this target ranks first given the reference's answer so far; any may be unavailable on a
+    foreign server."""
     found = Quality()
     try:
         found.perplexity = quality.perplexity(target.url, target.served_name, corpus.heldout_texts(), headers=headers)
@@ -182,6 +184,9 @@ def measure(target: TargetResult, headers: dict[str, str]) -> Quality:
         found.perplexity_error = f"{type(exc).__name__}: {exc}"
     try:
         found.greedy_tokens = quality.greedy_tokens(target.url, target.served_name, headers=headers)
-    except (httpx.HTTPError, KeyError, TypeError) as exc:
+        if reference is not None and reference.greedy_tokens:
+            found.forced_agreement = quality.forced_agreement(target.url, target.served_name, reference.greedy_tokens,
+                                                              headers=headers)
+    except (httpx.HTTPError, KeyError, TypeError, IndexError) as exc:
         found.greedy_error = f"{type(exc).__name__}: {exc}"
     return found

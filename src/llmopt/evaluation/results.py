@@ -143,6 +143,7 @@ class Quality(_Result):
     perplexity: Perplexity | None = None
     perplexity_error: str | None = None
     greedy_tokens: list[list[int]] | None = None
+    forced_agreement: float | None = None  # against the first target's greedy outputs (`quality.forced_agreement`)
     greedy_error: str | None = None
 
 

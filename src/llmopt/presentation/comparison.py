@@ -31,7 +31,7 @@ def table(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     ] + ["perplexity", "greedy agreement"]
     rows = []
     for row in comparison.targets:
-        agreement = row.greedy_agreement.token_agreement if row.greedy_agreement else None
+        agreement = row.greedy_agreement.score if row.greedy_agreement else None
         for lvl in row.levels:
             rows.append([row.label, str(lvl.concurrency), *(ratio(pick(lvl), better, worse) for _, pick, better, worse in COLUMNS),
                          times(row.perplexity_ratio), pct(agreement)])

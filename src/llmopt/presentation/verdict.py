@@ -21,5 +21,10 @@ def verdict(results: EvaluationResults) -> str:
     if row.perplexity_ratio is not None:
         parts.append(f"perplexity {100 * (row.perplexity_ratio - 1):+.1f}%")
     if row.greedy_agreement is not None:
-        parts.append(f"{row.greedy_agreement.token_agreement:.0%} of greedy tokens agree")
+        agreed = row.greedy_agreement
+        if agreed.forced_token_agreement is None:
+            parts.append(f"{agreed.token_agreement:.0%} of greedy tokens agree")
+        else:
+            parts.append(f"{agreed.forced_token_agreement:.0%} of the reference's greedy tokens ranked first too, given its "
+                         f"answer so far ({agreed.token_agreement:.0%} of positions agree between the free-running answers)")
     return "; ".join(parts)

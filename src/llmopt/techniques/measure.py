@@ -38,6 +38,8 @@ class SourceNumbers(BaseModel):
 
 
 def run(ctx: BuildContext) -> None:
+    used = list(techniques.active(ctx.recipe))
+    base = _base(ctx) if used else None  # first: the served artifact answers the source's own greedy outputs
     with served(ctx, str(ctx.workdir), ctx.engine, "measure") as run:
         ctx.progress(0.4)
         verified = techniques.verify(vllm.located(ctx.engine, ctx.workdir), run.running)
@@ -47,20 +49,22 @@ def run(ctx: BuildContext) -> None:
         ppl = quality.perplexity(run.server.url, run.running.served_name, corpus.heldout_texts())
         ctx.progress(0.6)
         greedy = _greedy(ctx, run)
+        forced = None if base is None else quality.forced_agreement(
+            run.server.url, run.running.served_name, base.greedy_tokens, chat=ctx.source.chat_template is not None)
         measured = Measurements(ready_seconds=run.ready_seconds, start=run.start, perplexity=ppl, greedy_tokens=greedy,
                                 kernels=vllm.kernels(run.log_path.read_text(errors="replace")),
                                 verified={k: v.model_dump(mode="json") for k, v in verified.items()})
     ctx.log.info("measured: ready in %.1f s, perplexity %.3f over %d tokens; verified %s", measured.ready_seconds,
                  ppl.perplexity, ppl.tokens, ", ".join(verified) or "nothing to verify")
-    used = list(techniques.active(ctx.recipe))
-    if not used:  # this job measured the source's own numbers
+    if base is None:  # this job measured the source's own numbers
         _base_file(ctx).write_text(SourceNumbers(perplexity=ppl, greedy_tokens=greedy).model_dump_json())
-    elif used:
+    else:
         ctx.progress(0.7)
-        base = _base(ctx)
         # temperature 0, one request at a time on both sides: speculation must agree but for bf16 ties
-        measured.greedy_agreement = quality.agreement(base.greedy_tokens, greedy)
-        ctx.log.info("greedy outputs agree with the source's on %.1f%% of tokens", 100 * measured.greedy_agreement.token_agreement)
+        measured.greedy_agreement = quality.agreement(base.greedy_tokens, greedy, forced)
+        ctx.log.info("greedy outputs agree with the source's on %.1f%% of positions; given the source's answer so far, "
+                     "%.1f%% of its tokens are ranked first here too", 100 * measured.greedy_agreement.token_agreement,
+                     100 * forced)
         if any(technique.changes_numerics(spec) for technique, spec in used):
             increase = ppl.perplexity / base.perplexity.perplexity - 1
             measured.perplexity_base, measured.perplexity_increase = base.perplexity, round(increase, 5)
