@@ -371,7 +371,7 @@ def cache_list(as_json: bool = JSON) -> None:
     rows = [[e.key[:16], e.weights[:12], f"len {e.max_model_len}, seqs {e.max_num_seqs or 'default'}", e.engine,
              f"{e.size_bytes / 1e6:.1f}", f"{e.cold_ready_seconds:.1f}" if e.cold_ready_seconds else "", when(e.last_used)]
             for e in found]
-    terminal.listing(console, "Compile cache", ["key", "weights", "shapes", "engine", "MB", "cold start (s)", "last used"], rows)
+    terminal.listing(console, "Compile cache", ["key", "weights layout", "shapes", "engine", "MB", "cold start (s)", "last used"], rows)
 
 
 @cache_app.command("prune")
