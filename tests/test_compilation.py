@@ -87,13 +87,15 @@ def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llm
 @pytest.mark.engine
 def test_other_weights_of_one_layout_start_precompiled_and_answer_with_their_own(endpoint, smol: sources.Model,
                                                                                   tmp_path: Path) -> None:
-    """The key leaves the weights' values out. A copy of the model with its final norm negated
-    (every logit changes sign) starts from the session endpoint's entry without compiling, and
-    answers with its own weights, not the ones that entry was compiled with."""
+    """The key leaves the weights' values out. A copy of the model with every MLP's output projection
+    negated (the linear kernels' weights, which vLLM's CPU path packs at load) starts from the
+    session endpoint's entry without compiling, and answers with its own weights, not the ones
+    that entry was compiled with."""
     altered = tmp_path / "negated"
     shutil.copytree(smol.path, altered)
     tensors = safetensors.torch.load_file(altered / "model.safetensors")
-    tensors["model.norm.weight"] = -tensors["model.norm.weight"]
+    for name in [n for n in tensors if n.endswith("mlp.down_proj.weight")]:
+        tensors[name] = -tensors[name]
     safetensors.torch.save_file(tensors, altered / "model.safetensors", metadata={"format": "pt"})
     model = sources.import_model(str(altered), name="negated-norm")
     try:
@@ -190,6 +192,8 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
     # the weights' values are inputs of the compiled graphs: other values, as a quantization with
     # other calibration data gives, share the entry (a file that is no safetensors counts by content)
     assert _key(tmp_path, weights={"w": np.ones((2, 3), np.float32), "k_scale": np.array([1.0], np.float32)}) == base
+    # nor do the config's notes of where and with what it was written
+    assert _key(tmp_path, config={"hidden_size": 576, "_name_or_path": "/elsewhere", "transformers_version": "4.99.0"}) == base
     unparsed = []
     for content in (b"\xff" * 16, b"\x10" + b"\x00" * 15):
         folder = tmp_path / f"unparsed-{len(unparsed)}"

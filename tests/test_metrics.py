@@ -12,7 +12,7 @@ from llmopt import roofline, sources
 from llmopt.engine import metrics as engine_metrics
 from llmopt.engine import platform
 from llmopt.engine.config import EngineConfig, SpeculativeConfig
-from llmopt.evaluation import benchmark, compare, levels, metrics, pricing, workload
+from llmopt.evaluation import benchmark, compare, levels, metrics, pricing, quality, workload
 from llmopt.evaluation.loadgen import LevelRun, RequestRecord
 from llmopt.evaluation.results import GoodputTargets, Level, RequestSample
 from llmopt.presentation import format
@@ -266,3 +266,11 @@ def test_a_bound_is_left_out_where_it_does_not_apply(smol: sources.Model, tmp_pa
         assert level.decode_bound is None
     benchmark.decode_bounds([level], Path(smol.path), EngineConfig(), rates)
     assert level.decode_bound is not None and level.decode_bound.weights_read_per_token_bytes > 2e8
+
+
+def test_position_wise_agreement_counts_every_token_after_a_flip_as_lost() -> None:
+    """One answer differs in a single inserted token and agrees on 1 of its 4 positions: why jobs
+    also record the teacher-forced share (`quality.forced_agreement`, on the engine)."""
+    agreed = quality.agreement([[1, 2, 3, 4], [5, 6]], [[1, 9, 2, 3], [5, 6]], forced=0.9)
+    assert agreed.token_agreement == pytest.approx(3 / 6) and agreed.identical_outputs == 0.5
+    assert agreed.forced_token_agreement == 0.9 and quality.agreement([[1]], [[1]]).forced_token_agreement is None

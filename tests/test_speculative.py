@@ -124,9 +124,10 @@ def _assert_lossless(manifest: artifact.Manifest, baseline: llmopt.Job, endpoint
     flip early in an answer changes every token after it, so agreement alone says little."""
     base = artifact.load(baseline.artifact).metrics.greedy_tokens
     spec_tokens = manifest.metrics.greedy_tokens
-    reported = manifest.metrics.greedy_agreement  # the job reports it against the source's outputs
-    agreement = quality.agreement(base, spec_tokens, reported.forced_token_agreement)
-    assert reported == agreement and reported.forced_token_agreement > 0.95  # teacher-forced: ties only
+    agreement = quality.agreement(base, spec_tokens)
+    # the job reports it against the source's outputs (and teacher-forced, a prefill's view, which
+    # cannot see how speculation decodes)
+    assert manifest.metrics.greedy_agreement.model_copy(update={"forced_token_agreement": None}) == agreement
     parted = quality.divergences(endpoint.url, endpoint.served_name, AutoTokenizer.from_pretrained(endpoint.model_path),
                                  base, spec_tokens)
     assert all(d["tie"] for d in parted), (agreement, parted)

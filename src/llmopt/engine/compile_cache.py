@@ -6,7 +6,8 @@ Inductor's code together, under VLLM_CACHE_ROOT), so a precompiled start neither
 compiles. vLLM 0.32 cannot load that on CPU by itself; the server llmopt starts
 (`engine/serve.py`, `vllm.LOCAL_SERVER_MODULE`) carries the fix, and so the entry's environment
 goes with that server only. vLLM checks the traced source files when it loads, and the key here
-keeps entries for different models, shapes and machines apart, countable and prunable.
+keeps entries for different architectures, quantizations, shapes and machines apart,
+countable and prunable.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from llmopt import hashing, paths
 from llmopt.engine import platform, vllm
 from llmopt.engine.config import EngineConfig
 
-SCHEMA = 3  # 3: vLLM's saved compiled model (2: Inductor's FX-graph cache only)
+SCHEMA = 4  # 4: weights by layout (3: by content; vLLM's saved compiled model; 2: Inductor's FX-graph cache only)
 KEY_FILE = "key.json"
 LOCK_FILE = ".lock"
 STARTING_FILE = ".starting"  # present while a start that may compile is under way
@@ -48,15 +49,33 @@ UNCOMPILED_SPECULATION = frozenset({"num_speculative_tokens", "prompt_lookup_min
 def weights_layout(model_path: str | Path) -> str:
     """What compiled code is built from: config.json (so the quantization) and every tensor's name,
     dtype and shape, not the weights' values, which vLLM hands its compiled graphs as inputs (its
-    own key leaves them out too). A model quantized again with other calibration data, or a
-    fine-tune of the same architecture, starts from the same entry. One-element tensors (a KV cache
-    or activation scale) count by value too, since a traced graph may fold such a number in."""
+    own key leaves them out too; on CPU that holds while Inductor's `freezing` stays off, which
+    vLLM turns on only for max-autotune, a setting llmopt does not expose). A model quantized again
+    with other calibration data (llmopt's schemes scale activations at run time), or a fine-tune of
+    the same architecture, starts from the same entry. One-element tensors (a KV cache or static
+    activation scale) count by value, since a traced graph may fold such a number in; weight files
+    other than safetensors count by content."""
     root = Path(model_path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no model folder at {root}")
     tensors: dict[str, Any] = {}
-    for path in sorted(root.glob("*.safetensors")):
-        tensors.update(_tensor_layout(path))
-    config = root / "config.json"
-    return hashing.json_sha256([sorted(tensors.items()), hashing.remembered_sha256(config) if config.is_file() else None])
+    for path in sorted(root.iterdir()):
+        if path.suffix == ".safetensors":
+            tensors.update(_tensor_layout(path))
+        elif path.suffix in (".bin", ".pt", ".pth"):
+            tensors[path.name] = hashing.remembered_sha256(path)
+    return hashing.json_sha256([sorted(tensors.items()), _graph_config(root / "config.json")])
+
+
+def _graph_config(path: Path) -> Any:
+    """config.json without the fields that only say where and with what it was written."""
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+        return {k: v for k, v in config.items() if k not in ("_name_or_path", "transformers_version")}
+    except (ValueError, AttributeError):
+        return hashing.remembered_sha256(path)
 
 
 def _tensor_layout(path: Path) -> dict[str, Any]:
@@ -65,8 +84,9 @@ def _tensor_layout(path: Path) -> dict[str, Any]:
     with path.open("rb") as f:
         head = f.read(8)
         size = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        data = path.stat().st_size - 8 - size
         try:
-            if not 0 < size <= path.stat().st_size - 8:
+            if size <= 0 or data < 0:
                 raise ValueError("no safetensors header")
             layout = {}
             for name, tensor in json.loads(f.read(size)).items():
@@ -75,17 +95,19 @@ def _tensor_layout(path: Path) -> dict[str, Any]:
                 start, end = tensor["data_offsets"]
                 value = None
                 if math.prod(tensor["shape"]) == 1:
+                    if not 0 <= start <= end <= data:
+                        raise ValueError("a tensor outside the file")
                     f.seek(8 + size + start)
                     value = f.read(end - start).hex()
                 layout[name] = [tensor["dtype"], tensor["shape"], value]
             return layout
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError):
             return {path.name: hashing.remembered_sha256(path)}
 
 
 def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardware, engine: tuple[str, str],
                torch_version: str) -> dict[str, Any]:
-    """Everything a compiled artifact depends on: the weights (and so the quantization), the
+    """Everything a compiled artifact depends on: the weights' layout (and so the quantization), the
     settings that shape the graphs (lengths, batch, dtypes, tensor parallelism, the speculation
     method and its draft), the engine and torch versions, and the CPU flags or GPU kind. `config`
     has its paths located."""
@@ -210,7 +232,9 @@ class Watch:
         """The model's path (and the draft's) as this start gives them to vLLM: a link, the same for
         every start of the key, pointed at this start's files. vLLM keys its saved compiled model by
         the model's path among the rest, so without it an artifact compiled in a job's work folder
-        would compile again when deployed from the artifacts folder."""
+        would compile again when deployed from the artifacts folder. Models of one layout share the
+        link, which points at the last one started: a running server has read its model's files by
+        the time it is ready (the lock is held until then), and reads none later."""
         folder = root() / SERVED_DIR / self.entry.key
         folder.mkdir(parents=True, exist_ok=True)
         spec = config.speculative

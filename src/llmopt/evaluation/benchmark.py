@@ -176,7 +176,7 @@ def decode_bound(level: Level, traffic: roofline.Traffic, rates: roofline.Rates,
 def measure(target: TargetResult, headers: dict[str, str], reference: Quality | None = None) -> Quality:
     """Perplexity of held-out text and greedy outputs, and how many of the reference's greedy tokens
     this target ranks first given the reference's answer so far; any may be unavailable on a
-    foreign server."""
+    foreign server (one without /tokenize, say), and is then recorded as an error."""
     found = Quality()
     try:
         found.perplexity = quality.perplexity(target.url, target.served_name, corpus.heldout_texts(), headers=headers)
@@ -184,9 +184,12 @@ def measure(target: TargetResult, headers: dict[str, str], reference: Quality | 
         found.perplexity_error = f"{type(exc).__name__}: {exc}"
     try:
         found.greedy_tokens = quality.greedy_tokens(target.url, target.served_name, headers=headers)
-        if reference is not None and reference.greedy_tokens:
-            found.forced_agreement = quality.forced_agreement(target.url, target.served_name, reference.greedy_tokens,
-                                                              headers=headers)
-    except (httpx.HTTPError, KeyError, TypeError, IndexError) as exc:
+    except (httpx.HTTPError, KeyError, TypeError) as exc:
         found.greedy_error = f"{type(exc).__name__}: {exc}"
+    if reference is not None and reference.greedy_tokens:
+        try:
+            found.forced_token_agreement = quality.forced_agreement(target.url, target.served_name, reference.greedy_tokens,
+                                                                    headers=headers)
+        except (httpx.HTTPError, KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
+            found.forced_error = f"{type(exc).__name__}: {exc}"
     return found

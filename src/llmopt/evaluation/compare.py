@@ -153,7 +153,7 @@ def compare(targets: list[TargetResult]) -> Comparison:
         if mine and ref_quality and mine.perplexity and ref_quality.perplexity:
             row.perplexity_ratio = mine.perplexity.perplexity / ref_quality.perplexity.perplexity
         if mine and ref_quality and mine.greedy_tokens and ref_quality.greedy_tokens:
-            row.greedy_agreement = quality.agreement(ref_quality.greedy_tokens, mine.greedy_tokens, mine.forced_agreement)
+            row.greedy_agreement = quality.agreement(ref_quality.greedy_tokens, mine.greedy_tokens, mine.forced_token_agreement)
         ref_acc = reference.levels[0].accuracy if reference.levels else None
         acc = target.levels[0].accuracy if target.levels else None
         if ref_acc and acc:

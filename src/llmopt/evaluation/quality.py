@@ -19,6 +19,12 @@ GREEDY_PROMPTS = (
 )
 
 
+# greedy is the raw argmax: vLLM would otherwise apply a generation_config's repetition penalty
+# (Qwen2.5's 1.05) to chat requests, which prompt logprobs never see
+GREEDY_SAMPLING = {"temperature": 0, "repetition_penalty": 1.0}
+TIE_LOGPROB_GAP = 0.15  # about one bf16 step at the logit magnitudes of these models (0.125 at 16-32)
+
+
 class Perplexity(BaseModel):
     perplexity: float
     tokens: int
@@ -30,12 +36,6 @@ class Agreement(BaseModel):
     identical_outputs: float  # share of outputs identical to the base's
     # of the base's greedy tokens, the share this model ranks first (or tied) given the base's answer so far
     forced_token_agreement: float | None = None
-
-    @property
-    def score(self) -> float:
-        """What tables show: the teacher-forced share, where it was measured (results from before it
-        have the position-wise one only)."""
-        return self.token_agreement if self.forced_token_agreement is None else self.forced_token_agreement
 
 
 def perplexity(url: str, model: str, texts: list[str], timeout_s: float = 300.0,
@@ -61,12 +61,15 @@ def greedy_tokens(url: str, model: str, prompts: tuple[str, ...] = GREEDY_PROMPT
     outputs = []
     with httpx.Client(timeout=timeout_s, headers=headers) as client:
         for prompt in prompts:
-            asked = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
-            body = {"model": model, **asked, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
+            body = {"model": model, **_asked(prompt, chat), "max_tokens": max_tokens, **GREEDY_SAMPLING, "return_token_ids": True}
             response = client.post(f"{url}/v1/{'chat/' if chat else ''}completions", json=body)
             response.raise_for_status()
             outputs.append(response.json()["choices"][0]["token_ids"])
     return outputs
+
+
+def _asked(prompt: str, chat: bool) -> dict[str, object]:
+    return {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
 
 
 def agreement(base: list[list[int]], other: list[list[int]], forced: float | None = None) -> Agreement:
@@ -78,16 +81,18 @@ def agreement(base: list[list[int]], other: list[list[int]], forced: float | Non
 
 
 def forced_agreement(url: str, model: str, base: list[list[int]], prompts: tuple[str, ...] = GREEDY_PROMPTS,
-                     chat: bool = True, timeout_s: float = 300.0, headers: dict[str, str] | None = None) -> float:
+                     timeout_s: float = 300.0, headers: dict[str, str] | None = None, chat: bool = True) -> float | None:
     """Of the base's greedy tokens, the share this model also ranks first, within a bf16 tie, when
-    fed the base's answer so far (teacher forcing). Two free-running answers compared position by
-    position part at the first near-tie and disagree on nearly every token after it, which says
-    little about the model: a quantized SmolLM2 within 1% of the perplexity agreed on a quarter."""
+    fed the base's answer so far (teacher forcing); None without tokens. Two free-running answers
+    compared position by position part at the first near-tie and disagree on nearly every token
+    after it, which says little about a quantization: SmoothQuant's SmolLM2 at +0.75% perplexity
+    agreed on 24% of positions. It is a prefill's view, so it does not see how a speculating
+    engine decodes: that is the position-wise comparison's job."""
     same = total = 0
     with httpx.Client(timeout=timeout_s, headers=headers) as client:
         for prompt, tokens in zip(prompts, base):
-            asked = {"messages": [{"role": "user", "content": prompt}], "add_generation_prompt": True} if chat else {"prompt": prompt}
-            response = client.post(f"{url}/tokenize", json={"model": model, **asked})
+            # tokenized as the chat request was: the template's generation prompt, no extra specials
+            response = client.post(f"{url}/tokenize", json={"model": model, **_asked(prompt, chat)})
             response.raise_for_status()
             prefix = response.json()["tokens"]
             body = {"model": model, "prompt": prefix + tokens, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1}
@@ -97,7 +102,7 @@ def forced_agreement(url: str, model: str, base: list[list[int]], prompts: tuple
                 best = max(entry["logprob"] for entry in ranked.values())
                 total += 1
                 same += best - ranked[str(token)]["logprob"] <= TIE_LOGPROB_GAP
-    return same / max(total, 1)
+    return same / total if total else None
 
 
 def is_correct(answer: str, expected: str) -> bool:
@@ -106,9 +111,6 @@ def is_correct(answer: str, expected: str) -> bool:
         return " ".join(re.sub(r"[^a-z0-9 ]+", " ", s.lower()).split())
 
     return norm(expected) in norm(answer)
-
-
-TIE_LOGPROB_GAP = 0.15  # about one bf16 step at the logit magnitudes of these models (0.125 at 16-32)
 
 
 def divergences(url: str, model: str, tokenizer, base: list[list[int]], other: list[list[int]],

@@ -138,13 +138,15 @@ class Level(_Result):
 
 
 class Quality(_Result):
-    """Perplexity of held-out text and greedy outputs; either may be unavailable on a foreign server."""
+    """Perplexity of held-out text, greedy outputs, and teacher-forced agreement with the first
+    target's; any may be unavailable on a foreign server."""
 
     perplexity: Perplexity | None = None
     perplexity_error: str | None = None
     greedy_tokens: list[list[int]] | None = None
-    forced_agreement: float | None = None  # against the first target's greedy outputs (`quality.forced_agreement`)
     greedy_error: str | None = None
+    forced_token_agreement: float | None = None  # of the first target's greedy tokens (`quality.forced_agreement`)
+    forced_error: str | None = None
 
 
 class TargetResult(_Result):

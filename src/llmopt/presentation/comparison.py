@@ -28,11 +28,12 @@ def table(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     throughput_leg = "equal work" if legs == {"equal work"} else "natural"
     head = ["target", "concurrency"] + [
         f"{name} ({throughput_leg if i < 4 else 'natural'})" for i, (name, _, _, _) in enumerate(COLUMNS)
-    ] + ["perplexity", "greedy agreement"]
+    ] + ["perplexity", "greedy agreement (free-running)", "greedy agreement (teacher-forced)"]
     rows = []
     for row in comparison.targets:
-        agreement = row.greedy_agreement.score if row.greedy_agreement else None
+        agreed = row.greedy_agreement
         for lvl in row.levels:
             rows.append([row.label, str(lvl.concurrency), *(ratio(pick(lvl), better, worse) for _, pick, better, worse in COLUMNS),
-                         times(row.perplexity_ratio), pct(agreement)])
+                         times(row.perplexity_ratio), pct(agreed.token_agreement if agreed else None),
+                         pct(agreed.forced_token_agreement if agreed else None)])
     return head, rows

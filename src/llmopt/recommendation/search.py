@@ -245,6 +245,7 @@ def _measure(rec: Recommendation, candidate: Candidate, plan: Plan, events: Even
     (rec.folder / "candidates").mkdir(parents=True, exist_ok=True)
     paths.write_atomic(rec.folder / "candidates" / f"{candidate.name}.json", result.model_dump_json(indent=2))
     metrics = manifest.metrics
+    # position-wise, like the shipped configurations' rows, which were generated with it
     agreement = metrics.greedy_agreement.token_agreement if metrics.greedy_agreement else None
     rec.rows = [r for r in rec.rows if r.candidate != candidate.name] + [
         Row.of(candidate.name, level, metrics.perplexity_increase, agreement) for level in found]

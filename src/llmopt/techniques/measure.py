@@ -39,7 +39,8 @@ class SourceNumbers(BaseModel):
 
 def run(ctx: BuildContext) -> None:
     used = list(techniques.active(ctx.recipe))
-    base = _base(ctx) if used else None  # first: the served artifact answers the source's own greedy outputs
+    base = _base(ctx) if used else None  # first, so the served artifact is fed the source's greedy outputs
+    ctx.progress(0.2)
     with served(ctx, str(ctx.workdir), ctx.engine, "measure") as run:
         ctx.progress(0.4)
         verified = techniques.verify(vllm.located(ctx.engine, ctx.workdir), run.running)
@@ -51,6 +52,7 @@ def run(ctx: BuildContext) -> None:
         greedy = _greedy(ctx, run)
         forced = None if base is None else quality.forced_agreement(
             run.server.url, run.running.served_name, base.greedy_tokens, chat=ctx.source.chat_template is not None)
+        ctx.progress(0.7)
         measured = Measurements(ready_seconds=run.ready_seconds, start=run.start, perplexity=ppl, greedy_tokens=greedy,
                                 kernels=vllm.kernels(run.log_path.read_text(errors="replace")),
                                 verified={k: v.model_dump(mode="json") for k, v in verified.items()})
@@ -59,12 +61,11 @@ def run(ctx: BuildContext) -> None:
     if base is None:  # this job measured the source's own numbers
         _base_file(ctx).write_text(SourceNumbers(perplexity=ppl, greedy_tokens=greedy).model_dump_json())
     else:
-        ctx.progress(0.7)
         # temperature 0, one request at a time on both sides: speculation must agree but for bf16 ties
         measured.greedy_agreement = quality.agreement(base.greedy_tokens, greedy, forced)
         ctx.log.info("greedy outputs agree with the source's on %.1f%% of positions; given the source's answer so far, "
-                     "%.1f%% of its tokens are ranked first here too", 100 * measured.greedy_agreement.token_agreement,
-                     100 * forced)
+                     "%s of its tokens are ranked first here too", 100 * measured.greedy_agreement.token_agreement,
+                     "none" if forced is None else f"{forced:.1%}")
         if any(technique.changes_numerics(spec) for technique, spec in used):
             increase = ppl.perplexity / base.perplexity.perplexity - 1
             measured.perplexity_base, measured.perplexity_increase = base.perplexity, round(increase, 5)
@@ -80,13 +81,15 @@ MEASURE = Step("measure", run)
 
 
 def _base_key(ctx: BuildContext) -> str:
-    """The source's numbers depend on its weights, the engine, the dtype, the held-out text and the prompts."""
+    """The source's numbers depend on its weights, the engine, the dtype, the held-out text, and the
+    prompts and sampling of its greedy outputs."""
     return hashing.json_sha256({
         "source": ctx.source.content_hash,
         "engine": vllm.engine_name_version(),
         "dtype": EngineConfig().dtype,
         "heldout": corpus.heldout_texts(),
         "greedy_prompts": quality.GREEDY_PROMPTS,
+        "greedy_sampling": quality.GREEDY_SAMPLING,
     })
 
 
