@@ -40,9 +40,12 @@ from llmopt.executors import ray as ray_executor  # noqa: E402
 # llmopt's default shapes, so the session endpoint and the baseline artifact share compiled code;
 # a smaller KV cache, which the compile cache's key leaves out
 SMALL_ENGINE = EngineConfig(kv_cache_gib=1)
-# SmoothQuant that quantizes in seconds (round-to-nearest weights, 8 samples): the retried job after a
-# kill and the job refused for its budget share its weights and compiled code (the budget is in neither key)
-QUICK_SMOOTHQUANT = {"method": "smoothquant", "weights": "rtn", "calibration": {"samples": 8, "sequence_length": 128}}
+# SmoothQuant that quantizes in seconds (round-to-nearest weights, 8 samples), the lm_head too: the
+# retried job after a kill builds the artifact test_quantization's lm_head scheme reuses, and the job
+# refused for its budget shares its weights and compiled code (the budget is in neither key). It
+# landed at +2.6% (GPTQ weights: +1.0%); the suite allows 5% where the built-in budget is 3%.
+QUICK_SMOOTHQUANT = {"method": "smoothquant", "weights": "rtn", "calibration": {"samples": 8, "sequence_length": 128},
+                     "ignore": [], "max_perplexity_increase": 0.05}
 
 
 _RUNNING: dict[str, pytest.Item | None] = {"item": None}

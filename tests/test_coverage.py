@@ -13,8 +13,12 @@ import pytest
 import llmopt
 from llmopt import catalog, coverage, gguf, sources
 from llmopt.errors import LlmoptError
+from llmopt.engine.config import CompilationConfig
 
 from conftest import SMALL_ENGINE, run_cli
+
+# these tests are about tokenizers and chat templates: a tiny model's compile (~20 s) buys them nothing
+EAGER = SMALL_ENGINE.model_copy(update={"compilation": CompilationConfig(mode="eager")})
 
 CI_ARCHITECTURES = ("qwen2",)  # llama: the packaged SmolLM2 is one, through every other test; the rest: slow tier
 # Quantizing on qwen2 (llm-compressor's mappings for it) is in the slow tier and in benchmarks/recommend.py's
@@ -81,7 +85,7 @@ def test_a_gguf_that_asks_for_a_bos_gets_one_in_vllm_and_transformers_alike(tmp_
     tokenizer = AutoTokenizer.from_pretrained(model.path)
     ids = tokenizer("The keeper of the lighthouse").input_ids
     assert ids[0] == 1 and json.loads((Path(model.path) / "tokenizer_config.json").read_text())["add_bos_token"] is True
-    with llmopt.deploy(model.id, engine=SMALL_ENGINE) as endpoint:
+    with llmopt.deploy(model.id, engine=EAGER) as endpoint:
         served = httpx.post(f"{endpoint.url}/tokenize", json={"model": endpoint.served_name, "prompt": "The keeper of the lighthouse"},
                             timeout=60).json()["tokens"]
         body = {"model": endpoint.served_name, "prompt": ids, "max_tokens": 6, "temperature": 0, "return_token_ids": True}
@@ -135,7 +139,7 @@ def test_chat_templates_come_from_the_model_the_user_or_the_family(smol: sources
 def test_a_model_without_a_chat_template_refuses_chat_clearly_until_given_one(smol: sources.Model, tmp_path: Path) -> None:
     bare = sources.get("tiny-llama-bare") or sources.import_model(str(_tiny(tmp_path / "llama", "llama")), name="tiny-llama-bare")
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    with llmopt.deploy(bare.id, engine=SMALL_ENGINE) as endpoint:
+    with llmopt.deploy(bare.id, engine=EAGER) as endpoint:
         refused = httpx.post(f"{endpoint.url}/v1/chat/completions", json={**chat, "model": endpoint.served_name}, timeout=60)
         assert refused.status_code == 400 and "--chat-template FILE" in refused.json()["error"]["message"]
         sagemaker = httpx.post(f"{endpoint.url}/invocations", json=chat, timeout=60)
@@ -145,7 +149,7 @@ def test_a_model_without_a_chat_template_refuses_chat_clearly_until_given_one(sm
         assert httpx.post(f"{endpoint.url}/invocations", json={"prompt": "The lighthouse", "max_tokens": 4}, timeout=60).status_code == 200
     template = tmp_path / "plain.jinja"
     template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
-    with llmopt.deploy(bare.id, engine=SMALL_ENGINE, chat_template=template) as endpoint:
+    with llmopt.deploy(bare.id, engine=EAGER, chat_template=template) as endpoint:
         answered = httpx.post(f"{endpoint.url}/v1/chat/completions", json={**chat, "model": endpoint.served_name}, timeout=60)
         assert answered.status_code == 200 and answered.json()["usage"]["completion_tokens"] > 0
 
