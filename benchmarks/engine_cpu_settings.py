@@ -3,8 +3,9 @@
 Deployments of SmolLM2-135M on this machine: vLLM's defaults (one core reserved for the front
 end, nothing preloaded, the model in a worker process of its own), no core reserved, tcmalloc and
 Intel OpenMP preloaded too, llmopt's choice (all of that, with the model run inside the
-engine-core process instead of a worker process that busy-waits against it), and llmopt's choice
-with one model thread instead of two. Then thread placement on llmopt's choice: vLLM's own
+engine-core process instead of a worker process that busy-waits against it, and vLLM's packed-weight
+linear kernels on processors without AMX), llmopt's choice with vLLM's own linear kernels (oneDNN
+there), and llmopt's choice with one model thread instead of two. Then thread placement on llmopt's choice: vLLM's own
 pinning (`KMP_AFFINITY` as its CPU worker sets it) given to the whole server, and the same with
 every thread but the model's main one set back to every core once the server is ready; and
 OpenMP's spin before sleeping (`KMP_BLOCKTIME`) at 0 and 200 ms against vLLM's 5; and streaming
@@ -22,6 +23,7 @@ import collections
 import json
 import os
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -32,26 +34,32 @@ from decode_profile import server_pids
 from llmopt import EngineConfig
 from llmopt.engine import vllm
 
-LLMOPT = EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni")
+LLMOPT = EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni")  # packed linear kernels where chosen
 CORES = sorted(os.sched_getaffinity(0))
 # what vLLM's OMP process manager sets for its CPU worker (vllm/utils/ompmultiprocessing.py)
 PINNED = {"KMP_AFFINITY": f"granularity=fine,explicit,proclist=[{','.join(map(str, CORES))}]", "KMP_TPAUSE": "0"}
-ROWS: dict[str, tuple[EngineConfig, dict[str, str], bool]] = {  # label -> settings, environment, free the non-model threads
-    "vllm default (1 reserved, no preload)": (EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp"), {}, False),
-    "0 reserved, no preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp"), {}, False),
-    "0 reserved, preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp"), {}, False),
-    "llmopt (0 reserved, preload, no worker)": (LLMOPT, {}, False),
+ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None]] = {  # label -> settings, environment, what to do once ready
+    "vllm default (1 reserved, no preload)": (EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp", linear_kernels="vllm"), {}, None),
+    "0 reserved, no preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp", linear_kernels="vllm"), {}, None),
+    "0 reserved, preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp", linear_kernels="vllm"), {}, None),
+    "llmopt (0 reserved, preload, no worker)": (LLMOPT, {}, None),
+    # vLLM's choice of linear kernels (oneDNN on AVX-512 without AMX) instead of its packed-weight ones
+    "llmopt, vLLM's linear kernels": (LLMOPT.model_copy(update={"linear_kernels": "vllm"}), {}, None),
     # one OpenMP thread: the model's threads no longer wait at each parallel loop's barrier for a
     # thread the front end has taken the other core from
-    "one model thread (1 reserved, preload, no worker)": (LLMOPT.model_copy(update={"reserved_cpus": 1}), {}, False),
-    "llmopt, vLLM's pinning for the whole server": (LLMOPT, PINNED, False),
-    "llmopt, vLLM's pinning, then all but the model's main thread freed": (LLMOPT, PINNED, True),
+    "one model thread (1 reserved, preload, no worker)": (LLMOPT.model_copy(update={"reserved_cpus": 1}), {}, None),
+    "llmopt, vLLM's pinning for the whole server": (LLMOPT, PINNED, None),
+    "llmopt, vLLM's pinning, then all but the model's main thread freed": (LLMOPT, PINNED, lambda pid: free_all_but_the_model_main_thread(pid)),
     # how long OpenMP's idle threads spin before they sleep: vLLM's 5 ms, none, Intel's default
-    "llmopt, KMP_BLOCKTIME=0": (LLMOPT, {"KMP_BLOCKTIME": "0"}, False),
-    "llmopt, KMP_BLOCKTIME=200": (LLMOPT, {"KMP_BLOCKTIME": "200"}, False),
+    "llmopt, KMP_BLOCKTIME=0": (LLMOPT, {"KMP_BLOCKTIME": "0"}, None),
+    "llmopt, KMP_BLOCKTIME=200": (LLMOPT, {"KMP_BLOCKTIME": "200"}, None),
     # fewer, larger stream chunks: less serializing and sending per token on the cores the model shares
-    "llmopt, stream interval 8": (LLMOPT.model_copy(update={"stream_interval": 8}), {}, False),
-    "llmopt, stream interval 32": (LLMOPT.model_copy(update={"stream_interval": 32}), {}, False),
+    "llmopt, stream interval 8": (LLMOPT.model_copy(update={"stream_interval": 8}), {}, None),
+    "llmopt, stream interval 32": (LLMOPT.model_copy(update={"stream_interval": 32}), {}, None),
+    # the front end yields to the model: the API server's threads at a lower priority, so the
+    # model's second OpenMP thread is not preempted by it while a step runs
+    "llmopt, API server at nice 10": (LLMOPT, {}, lambda pid: renice_api_server(pid, 10)),
+    "llmopt, API server at nice 19": (LLMOPT, {}, lambda pid: renice_api_server(pid, 19)),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
 
@@ -86,12 +94,21 @@ def free_all_but_the_model_main_thread(pid: int) -> None:
                 continue
 
 
-def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], free: bool) -> dict:
+def renice_api_server(pid: int, niceness: int) -> None:
+    """Every thread of the API server at a lower priority (Linux's niceness is per thread)."""
+    for thread in psutil.Process(server_pids(pid)["API server"]).threads():
+        try:
+            os.setpriority(os.PRIO_PROCESS, thread.id, niceness)
+        except ProcessLookupError:
+            continue
+
+
+def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], once_ready: Callable[[int], None] | None) -> dict:
     chosen = vllm.environment
     with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):  # over what llmopt sets
         with llmopt.deploy("smollm2-135m-instruct", engine=engine) as endpoint:
-            if free:
-                free_all_but_the_model_main_thread(endpoint.pid)
+            if once_ready:
+                once_ready(endpoint.pid)
             row = {"config": label, "env": endpoint.environment, "ready_s": round(endpoint.seconds_to_ready, 1),
                    "threads_by_cores": placement(endpoint.pid)}
             for level, count in LEVELS.items():

@@ -121,6 +121,39 @@ def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, e
         assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "OMP_NUM_THREADS" not in env
 
 
+@pytest.mark.engine
+def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> None:
+    """Without AMX, vLLM's packed-weight kernels (the engine's log says so); with it, vLLM's choice."""
+    hw = platform.detect()
+    packed = vllm.linear_kernels(EngineConfig(), hw) == "packed"
+    assert (platform.PACKED_LINEAR_ENV in llmopt.get_endpoint(endpoint.name).environment) == packed
+    said = [line for line in Path(endpoint.log_path).read_text().splitlines() if "packed-weight linear kernels" in line]
+    assert len(said) == packed and all(line.startswith("(EngineCore") for line in said), said
+
+
+AVX512 = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512f")
+
+
+@pytest.mark.parametrize("flags, engine, expected", [
+    (AVX512, EngineConfig(), "packed"),
+    ((*AVX512, "amx_bf16", "amx_int8", "amx_tile"), EngineConfig(), "vllm"),
+    (AVX512, EngineConfig(linear_kernels="vllm"), "vllm"),
+    ((*AVX512, "amx_tile"), EngineConfig(linear_kernels="packed"), "packed"),
+    (("avx2",), EngineConfig(), "vllm"),
+])
+def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], engine: EngineConfig, expected: str) -> None:
+    hw = platform.Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=flags, gpu=None)
+    assert vllm.linear_kernels(engine, hw) == expected
+    assert (platform.PACKED_LINEAR_ENV in vllm.environment(engine, hw)) == (expected == "packed")
+    assert platform.PACKED_LINEAR_ENV not in vllm.image_environment(engine, hw)  # vLLM's own image has no such fix
+
+
+def test_packed_linear_kernels_where_they_cannot_run_are_refused() -> None:
+    hw = platform.Hardware(device="cpu", cpu_model="Old Xeon", cores=2, memory_gib=24, cpu_flags=("avx2",), gpu=None)
+    with pytest.raises(LlmoptError, match="needs AVX-512 BF16 and VNNI, which this Old Xeon lacks -- leave linear_kernels unset"):
+        vllm.environment(EngineConfig(linear_kernels="packed"), hw)
+
+
 def test_one_process_executor_with_tensor_parallelism_is_refused() -> None:
     with pytest.raises(ValueError, match="tensor_parallel_size > 1 use 'mp'"):
         EngineConfig(executor="uni", tensor_parallel_size=2)

@@ -112,6 +112,8 @@ def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardwa
     method and its draft), the engine and torch versions, and the CPU flags or GPU kind. `config`
     has its paths located."""
     relevant = config.model_dump(mode="json", exclude=set(IRRELEVANT_SETTINGS))
+    if hw.device == "cpu":  # the kernels chosen here are ops in the traced graph
+        relevant["linear_kernels"] = vllm.linear_kernels(config, hw)
     spec = relevant.get("speculative")
     if spec:
         spec = {k: v for k, v in spec.items() if k not in UNCOMPILED_SPECULATION}

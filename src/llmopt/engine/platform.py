@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+PACKED_LINEAR_ENV = "LLMOPT_PACKED_LINEAR"  # set: llmopt's server module gives linear layers vLLM's packed kernels
 TCMALLOC_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
     "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
@@ -101,6 +102,22 @@ def default_executor(hw: Hardware) -> str:
     """The model in the engine-core process where cores are too few to give a worker process its own;
     on larger machines vLLM's worker process, which also pins threads to NUMA nodes."""
     return "uni" if hw.cores <= 4 else "mp"
+
+
+def packed_linear_supported(hw: Hardware) -> bool:
+    """vLLM's packed-weight linear kernels (`weight_packed_linear`, `int8_scaled_mm_with_quant`) are
+    AVX-512 BF16 and VNNI code, with AMX tiles where the processor has them."""
+    return {"avx512_bf16", "avx512_vnni"} <= set(hw.cpu_flags)
+
+
+def default_linear_kernels(hw: Hardware) -> str:
+    """Packed-weight kernels on AVX-512 processors without AMX. vLLM takes them only where AMX is,
+    and otherwise oneDNN, whose matrix-vector products stream the weights at 17-22 GB/s here
+    against the packed kernels' 27-34 (bf16) and 22-54 (int8): SmolLM2-135M's bf16 batch-1 decode
+    ran 1.48x faster with them (benchmarks/engine_cpu_settings.py). With AMX, vLLM's own choice
+    was not measured against them and stays."""
+    amx = any(flag.startswith("amx") for flag in hw.cpu_flags)
+    return "packed" if packed_linear_supported(hw) and not amx else "vllm"
 
 
 def torch_version() -> str:

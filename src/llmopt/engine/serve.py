@@ -1,5 +1,6 @@
-"""vLLM's OpenAI server as llmopt starts it on this machine: vLLM's own server, with one
-compatibility fix so that a precompiled start loads the model vLLM compiled and saved before.
+"""vLLM's OpenAI server as llmopt starts it on this machine: vLLM's own server, with a
+compatibility fix so that a precompiled start loads the model vLLM compiled and saved before, and,
+where llmopt chose them, vLLM's packed-weight linear kernels.
 
 vLLM saves a compiled model whole (Dynamo's trace and Inductor's code, `VLLM_USE_AOT_COMPILE`).
 On CPU, vLLM 0.32 compiles with the stock "inductor" backend, whose saved function is torch's
@@ -9,13 +10,23 @@ Torch's function has loaded everything when it is unpickled: it needs no finaliz
 gives it a `finalize_loading` that does nothing. A precompiled start of SmolLM2-135M then skips
 Dynamo's trace (about 8 s on two cores) and the warm-up takes 4 s instead of 12.
 
-The fix must hold in vLLM's engine-core process too, which multiprocessing spawns: a spawned
+vLLM gives a linear layer its packed-weight kernels (`weight_packed_linear` for bf16,
+`int8_scaled_mm_with_quant` for int8) only on AMX processors, and bf16 ones only under 1 MiB; the
+rest get oneDNN. The packed kernels also run on AVX-512 BF16/VNNI without AMX, and there they
+decode faster: oneDNN's matrix-vector products stream the weights at 17-22 GB/s, theirs at 27-54
+(`platform.default_linear_kernels`). With `LLMOPT_PACKED_LINEAR` set, every bf16 or int8 layer of a
+shape they take gets them.
+
+Both must hold in vLLM's engine-core process too, which multiprocessing spawns: a spawned
 process imports the parent's main module again (as `__mp_main__`), so it lives at import time here.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+
+from llmopt.engine.platform import PACKED_LINEAR_ENV
 
 
 def _finalized_as_loaded() -> None:
@@ -29,7 +40,28 @@ def _finalized_as_loaded() -> None:
         BundledAOTAutogradSerializableCallable.finalize_loading = lambda self, vllm_config: None
 
 
+def _packed_linear_kernels() -> None:
+    import torch
+    from vllm.logger import init_logger
+    from vllm.model_executor.kernels.linear.scaled_mm import cpu
+    from vllm.model_executor.layers import utils
+
+    logger = init_logger("vllm.llmopt")
+    chosen = utils.check_cpu_sgl_kernel
+
+    def packed(n: int, k: int, dtype: torch.dtype) -> bool:
+        if dtype in (torch.bfloat16, torch.int8) and k % 32 == 0 and n % 16 == 0:  # the kernels' tiles
+            logger.info_once("llmopt: vLLM's packed-weight linear kernels for bf16 and int8 layers")
+            return True
+        return chosen(n, k, dtype)
+
+    utils.check_cpu_sgl_kernel = packed
+    cpu.check_cpu_sgl_kernel = packed  # imported by name there
+
+
 _finalized_as_loaded()
+if os.environ.get(PACKED_LINEAR_ENV) == "1" and __name__ == "__mp_main__":  # where the model loads
+    _packed_linear_kernels()
 
 if __name__ == "__main__":
     from vllm.entrypoints.launchers.api_server.entry import main

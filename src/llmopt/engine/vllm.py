@@ -162,6 +162,8 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
         return {}
     reserved = platform.default_reserved_cpus(hw) if config.reserved_cpus is None else config.reserved_cpus
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": str(reserved)}
+    if linear_kernels(config, hw) == "packed":
+        env[platform.PACKED_LINEAR_ENV] = "1"
     libraries = platform.preload_libraries() if config.preload else []
     if libraries:
         env["LD_PRELOAD"] = ":".join(libraries)
@@ -182,11 +184,22 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     return env
 
 
+def linear_kernels(config: EngineConfig, hw: platform.Hardware) -> str:
+    """The linear kernels an engine runs with on this machine; 'packed' where they cannot run is refused."""
+    chosen = config.linear_kernels or platform.default_linear_kernels(hw)
+    if chosen == "packed" and not platform.packed_linear_supported(hw):
+        raise LlmoptError(f"linear_kernels 'packed' needs AVX-512 BF16 and VNNI, which this {hw.cpu_model} lacks",
+                          "leave linear_kernels unset or set it to 'vllm'")
+    return chosen
+
+
 def image_environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     """The environment in vLLM's own image (`image`) on the machine `hw` describes: as `environment`, but
     with the image's preloads (vLLM's CPU image preloads tcmalloc and Intel OpenMP itself), never
     library paths found on this machine."""
-    return environment(config.model_copy(update={"preload": False}), hw)
+    env = environment(config.model_copy(update={"preload": False}), hw)
+    env.pop(platform.PACKED_LINEAR_ENV, None)  # read by llmopt's server module only, not by vLLM's own
+    return env
 
 
 def image(version: str, device: str) -> str:

@@ -1,0 +1,115 @@
+"""vLLM's two CPU linear kernels side by side, on SmolLM2-135M's layer shapes: oneDNN (what vLLM
+gives every layer without AMX) against its packed-weight kernels (`weight_packed_linear` for bf16,
+`int8_scaled_mm_with_quant` for int8; what llmopt gives them there, `EngineConfig.linear_kernels`).
+
+Weights are cold, as in a decode step that streams the whole model: each shape gets enough
+distinct weight copies to fill 300 MB (ten times this machine's last-level cache) and the copies
+are taken in turn. Prints the time per call and the weight bytes streamed per second, at 1, 16
+and 256 rows (decode at batch 1 and 16, a prefill chunk), with the largest difference from an
+fp32 reference relative to its largest value. Runs itself again in the environment llmopt gives the
+engine here (tcmalloc and Intel OpenMP preloaded, its OpenMP threads). Writes
+benchmarks/results/linear_kernels.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from llmopt.engine import platform, vllm
+from llmopt.engine.config import EngineConfig
+
+SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576), "down_proj": (576, 1536),
+          "lm_head": (49152, 576)}  # (N, K) of SmolLM2-135M
+ROWS = (1, 16, 256)
+COLD_BYTES = 300e6
+ROUNDS = 3
+
+
+def _time(call: Callable[[int], torch.Tensor], copies: int) -> float:
+    for i in range(copies):
+        call(i)
+    start = time.perf_counter()
+    for _ in range(ROUNDS):
+        for i in range(copies):
+            call(i)
+    return (time.perf_counter() - start) / (ROUNDS * copies)
+
+
+def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return round(((out.float() - ref).abs().max() / ref.abs().max()).item(), 4)
+
+
+def bf16(m: int, n: int, k: int) -> dict[str, float]:
+    from vllm import _custom_ops as ops
+
+    copies = max(1, int(COLD_BYTES // (n * k * 2)))
+    weights = [torch.randn(n, k, dtype=torch.bfloat16) for _ in range(copies)]
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    handlers = [ops.create_onednn_mm(w.t(), 32) for w in weights]
+    packed = [torch.ops._C.convert_weight_packed(w) for w in weights]
+    ref = x.float() @ weights[0].float().t()
+    return {"onednn_s": _time(lambda i: ops.onednn_mm(handlers[i], x, None), copies),
+            "packed_s": _time(lambda i: ops.weight_packed_linear_cpu(x, packed[i], n, None), copies),
+            "onednn_error": _error(ops.onednn_mm(handlers[0], x, None), ref),
+            "packed_error": _error(ops.weight_packed_linear_cpu(x, packed[0], n, None), ref), "weight_bytes": n * k * 2}
+
+
+def int8(m: int, n: int, k: int) -> dict[str, float]:
+    """Per-channel weights, per-token dynamic activations (SmoothQuant W8A8 as llmopt writes it)."""
+    from vllm import _custom_ops as ops
+
+    copies = max(1, int(COLD_BYTES // (n * k)))
+    floats = [torch.randn(n, k) for _ in range(copies)]
+    scales = [w.abs().amax(1, keepdim=True) / 127 for w in floats]
+    weights = [(w / s).round().clamp(-127, 127).to(torch.int8) for w, s in zip(floats, scales)]
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    handlers = [ops.create_onednn_scaled_mm(w.t(), s, torch.bfloat16, True, False, 32) for w, s in zip(weights, scales)]
+    packed = [torch.ops._C.convert_weight_packed(w) for w in weights]
+
+    def onednn(i: int) -> torch.Tensor:
+        x_q, x_s, x_zp = ops.onednn_scaled_int8_quant(x, None, None, True)
+        out = torch.empty((m, n), dtype=x.dtype)
+        ops.onednn_scaled_mm(handlers[i], x_q, out, x_s, x_zp, None, None)
+        return out
+
+    def packed_mm(i: int) -> torch.Tensor:
+        return torch.ops._C.int8_scaled_mm_with_quant(x, packed[i], scales[i], None, x.dtype, True)
+
+    ref = x.float() @ (weights[0].float() * scales[0]).t()
+    return {"onednn_s": _time(onednn, copies), "packed_s": _time(packed_mm, copies), "onednn_error": _error(onednn(0), ref),
+            "packed_error": _error(packed_mm(0), ref), "weight_bytes": n * k}
+
+
+def main() -> None:
+    hw = platform.detect()
+    if not platform.packed_linear_supported(hw):
+        raise SystemExit(f"{hw.cpu_model} lacks AVX-512 BF16 or VNNI: vLLM's packed kernels do not run here")
+    engine_env = vllm.environment(EngineConfig(), hw)
+    if any(os.environ.get(name) != value for name, value in engine_env.items()):
+        os.execve(sys.executable, [sys.executable, __file__], os.environ | engine_env)
+    rows = []
+    print(f"{hw.cpu_model}, {torch.get_num_threads()} threads, flags {' '.join(hw.cpu_flags)}")
+    print(f"{'dtype':<6} {'rows':>4} {'layer':<13} {'oneDNN us':>10} {'GB/s':>6} {'packed us':>10} {'GB/s':>6} {'speed-up':>9}")
+    for dtype, measure in (("bf16", bf16), ("int8", int8)):
+        for m in ROWS:
+            for layer, (n, k) in SHAPES.items():
+                row = {"dtype": dtype, "rows": m, "layer": layer, "n": n, "k": k, **measure(m, n, k)}
+                row["speedup"] = round(row["onednn_s"] / row["packed_s"], 3)
+                rows.append(row)
+                gbs = [row["weight_bytes"] / row[f"{kind}_s"] / 1e9 for kind in ("onednn", "packed")]
+                print(f"{dtype:<6} {m:>4} {layer:<13} {row['onednn_s'] * 1e6:>10.1f} {gbs[0]:>6.1f} "
+                      f"{row['packed_s'] * 1e6:>10.1f} {gbs[1]:>6.1f} {row['speedup']:>8.2f}x", flush=True)
+    out = Path(__file__).parent / "results" / "linear_kernels.json"
+    out.write_text(json.dumps({"cpu": hw.cpu_model, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(),
+                               "cold_bytes": COLD_BYTES, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
