@@ -112,10 +112,11 @@ def packed_linear_supported(hw: Hardware) -> bool:
 
 def default_linear_kernels(hw: Hardware) -> str:
     """Packed-weight kernels on AVX-512 processors without AMX. vLLM takes them only where AMX is,
-    and otherwise oneDNN, whose matrix-vector products stream the weights at 17-22 GB/s here
-    against the packed kernels' 27-34 (bf16) and 22-54 (int8): SmolLM2-135M's bf16 batch-1 decode
-    ran 1.48x faster with them (benchmarks/engine_cpu_settings.py). With AMX, vLLM's own choice
-    was not measured against them and stays."""
+    and otherwise oneDNN, whose matrix-vector products stream cold weights at 10-25 GB/s on an AMD
+    EPYC against the packed kernels' 21-33 (benchmarks/linear_kernels.py): SmolLM2-135M's bf16
+    batch-1 decode ran 1.21x faster served with them, 1.48x in vLLM's offline API
+    (benchmarks/engine_cpu_settings.py). With AMX, vLLM's own choice was not measured against them
+    and stays."""
     amx = any(flag.startswith("amx") for flag in hw.cpu_flags)
     return "packed" if packed_linear_supported(hw) and not amx else "vllm"
 

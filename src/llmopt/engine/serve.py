@@ -13,7 +13,7 @@ Dynamo's trace (about 8 s on two cores) and the warm-up takes 4 s instead of 12.
 vLLM gives a linear layer its packed-weight kernels (`weight_packed_linear` for bf16,
 `int8_scaled_mm_with_quant` for int8) only on AMX processors, and bf16 ones only under 1 MiB; the
 rest get oneDNN. The packed kernels also run on AVX-512 BF16/VNNI without AMX, and there they
-decode faster: oneDNN's matrix-vector products stream the weights at 17-22 GB/s, theirs at 27-54
+decode faster: oneDNN's matrix-vector products stream cold weights at 10-25 GB/s, theirs at 21-33
 (`platform.default_linear_kernels`). With `LLMOPT_PACKED_LINEAR` set, every bf16 or int8 layer of a
 shape they take gets them.
 
