@@ -1,11 +1,13 @@
-"""Engine starts side by side: cold, precompiled as llmopt starts it, and precompiled the way
-llmopt did before (vLLM's own server with its saved compiled model off, Inductor's caches only).
+"""Engine starts side by side: cold, precompiled as llmopt starts it, and precompiled the ways
+llmopt did before (its engine core spawned, as vLLM's CPU platform does, rather than forked; and
+vLLM's own server with its saved compiled model off, Inductor's caches only).
 Process start to ready, same model, same flags, same machine, with each start's phases from the
 engine's log (`vllm.start_phases`).
 
 Each round deletes the compile-cache entry for the configuration, deploys (a cold start: vLLM
 compiles and saves the compiled model into llmopt's compile cache), stops, deploys again (a
-precompiled start: the saved model is loaded, nothing is traced or compiled), then starts vLLM's
+precompiled start: the saved model is loaded, nothing is traced or compiled), deploys once more with
+the engine core spawned (`platform.SPAWNED_CORE_ENV`), then starts vLLM's
 plain server against a scratch Inductor cache filled by a cold start of its own. Reports the
 medians and ratios. Writes benchmarks/results/compile_cache.json.
 Usage: python benchmarks/compile_cache.py [rounds]
@@ -14,6 +16,7 @@ Usage: python benchmarks/compile_cache.py [rounds]
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -29,9 +32,14 @@ MODEL = "smollm2-135m-instruct"
 ENGINE = EngineConfig(max_model_len=4096, max_num_seqs=16)
 
 
-def start() -> compile_cache.Start:
-    with llmopt.deploy(MODEL, engine=ENGINE) as endpoint:
-        return endpoint.start
+def start(spawned: bool = False) -> compile_cache.Start:
+    if spawned:
+        os.environ[platform.SPAWNED_CORE_ENV] = "1"  # the server inherits the caller's environment
+    try:
+        with llmopt.deploy(MODEL, engine=ENGINE) as endpoint:
+            return endpoint.start
+    finally:
+        os.environ.pop(platform.SPAWNED_CORE_ENV, None)
 
 
 def plain_start(cache: Path, log: Path) -> tuple[float, dict[str, float]]:
@@ -52,30 +60,34 @@ def plain_start(cache: Path, log: Path) -> tuple[float, dict[str, float]]:
 
 
 def main(rounds: int) -> None:
-    cold, warm, plain, phases = [], [], [], {}
+    cold, warm, spawned, plain, phases = [], [], [], [], {}
     for r in range(rounds):
         entry = compile_cache.entry_for(sources.resolve(MODEL).path, ENGINE, platform.detect())
         shutil.rmtree(entry.path)  # this round's cold start begins from nothing
         first = start()
         second = start()
-        assert first.outcome == "compiled" and second.outcome == "precompiled", (first, second)
+        third = start(spawned=True)
+        assert first.outcome == "compiled" and second.outcome == third.outcome == "precompiled", (first, second, third)
         with tempfile.TemporaryDirectory() as scratch:
             plain_start(Path(scratch), Path(scratch) / "cold.log")  # fills the scratch Inductor cache
             before, before_phases = plain_start(Path(scratch), Path(scratch) / "warm.log")
         cold.append(first.ready_seconds)
         warm.append(second.ready_seconds)
+        spawned.append(third.ready_seconds)
         plain.append(round(before, 2))
-        phases = {"cold": first.phases, "precompiled": second.phases, "precompiled, saved model off": before_phases}
-        print(f"round {r + 1}: cold {cold[-1]:.1f} s, precompiled {warm[-1]:.1f} s "
-              f"({second.compiled_files_added} files compiled), precompiled with the saved model off {plain[-1]:.1f} s", flush=True)
+        phases = {"cold": first.phases, "precompiled": second.phases, "precompiled, core spawned": third.phases,
+                  "precompiled, saved model off": before_phases}
+        print(f"round {r + 1}: cold {cold[-1]:.1f} s, precompiled {warm[-1]:.1f} s ({second.compiled_files_added} files "
+              f"compiled), with the engine core spawned {spawned[-1]:.1f} s, with the saved model off {plain[-1]:.1f} s", flush=True)
     row = {"model": MODEL, "processor": platform.detect().cpu_model, "engine": ENGINE.model_dump(mode="json"),
-           "rounds": rounds, "cold_s": cold, "precompiled_s": warm, "precompiled_saved_model_off_s": plain,
-           "cold_median_s": statistics.median(cold), "precompiled_median_s": statistics.median(warm),
+           "rounds": rounds, "cold_s": cold, "precompiled_s": warm, "precompiled_core_spawned_s": spawned,
+           "precompiled_saved_model_off_s": plain, "cold_median_s": statistics.median(cold),
+           "precompiled_median_s": statistics.median(warm), "precompiled_core_spawned_median_s": statistics.median(spawned),
            "precompiled_saved_model_off_median_s": statistics.median(plain), "last_round_phases_s": phases}
     row["ratio"] = round(row["precompiled_median_s"] / row["cold_median_s"], 3)
     row["saved_model_off_ratio"] = round(row["precompiled_saved_model_off_median_s"] / row["cold_median_s"], 3)
     print(f"\ncold start median {row['cold_median_s']:.1f} s, precompiled {row['precompiled_median_s']:.1f} s "
-          f"({row['ratio']}x), with the saved model off {row['precompiled_saved_model_off_median_s']:.1f} s "
+          f"({row['ratio']}x), with the engine core spawned {row['precompiled_core_spawned_median_s']:.1f} s, with the saved model off {row['precompiled_saved_model_off_median_s']:.1f} s "
           f"({row['saved_model_off_ratio']}x)")
     names = list(next(iter(phases.values())))
     print(f"\n{'phase (last round)':<60}" + "".join(f"{k[:28]:>30}" for k in phases))

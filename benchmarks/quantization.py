@@ -5,23 +5,28 @@ Each scheme is built by a real optimization job with the built-in recipe's defau
 when one with the same key exists), then deployed with llmopt's engine settings and loaded with
 fixed lengths (64 in, 128 out, end-of-sequence ignored). Configurations are measured in
 alternating rounds, so drift on this noisy machine hits them all alike; the table shows the
-median of the rounds. Writes benchmarks/results/quantization.json.
-Usage: python benchmarks/quantization.py [rounds]
+median of the rounds. A scheme the compatibility matrix refuses on this processor is listed as
+refused. Writes benchmarks/results/quantization.json (or --out).
+
+    .venv/bin/python benchmarks/quantization.py [SCHEME ...] [--rounds N] [--out NAME.json]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import llmopt
 from llmopt import artifact
+from llmopt.engine import platform
+from llmopt.errors import LlmoptError
 
 MODEL = "smollm2-135m-instruct"
-SCHEMES = {"bf16": "baseline", "SmoothQuant W8A8": "smoothquant", "AWQ W4A16": "awq", "block FP8": "fp8-block",
-           "bf16 + FP8 KV cache": "kv-fp8"}
+SCHEMES = {"bf16": "baseline", "SmoothQuant W8A8": "smoothquant",
+           "SmoothQuant + lm_head": {"quantization": {"method": "smoothquant", "ignore": []}},
+           "AWQ W4A16": "awq", "block FP8": "fp8-block", "bf16 + FP8 KV cache": "kv-fp8"}
 LEVELS = {1: 6, 16: 48}  # concurrency -> requests
 WORKLOAD = "synthetic:64,128"
 
@@ -35,15 +40,28 @@ def decode_speed(path: Path) -> dict[int, float]:
     return speeds
 
 
-def main(rounds: int) -> None:
-    built = {}
-    for label, recipe in SCHEMES.items():
-        job = llmopt.optimize(MODEL, recipe)
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("schemes", nargs="*", help=f"the rows to run besides bf16 (default: every one): {', '.join(SCHEMES)}")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default="quantization.json", help="the results file's name in results/")
+    args = parser.parse_args()
+    if unknown := [name for name in args.schemes if name not in SCHEMES]:
+        parser.error(f"no scheme named {', '.join(unknown)}")
+    labels = ["bf16", *[name for name in args.schemes or SCHEMES if name != "bf16"]]
+    built, refused = {}, {}
+    for label in labels:
+        try:
+            job = llmopt.optimize(MODEL, SCHEMES[label])
+        except LlmoptError as exc:
+            refused[label] = exc.one_line()
+            print(f"{label}: refused here: {refused[label]}", flush=True)
+            continue
         if job.artifact is None:
             raise SystemExit(f"{label}: job {job.name} {job.status}: {job.record.failure_reason}")
         built[label] = job.artifact
-    samples: dict[str, dict[int, list[float]]] = {label: {lvl: [] for lvl in LEVELS} for label in SCHEMES}
-    for r in range(rounds):
+    samples: dict[str, dict[int, list[float]]] = {label: {lvl: [] for lvl in LEVELS} for label in built}
+    for r in range(args.rounds):
         for label, path in built.items():
             for level, speed in decode_speed(path).items():
                 samples[label][level].append(speed)
@@ -67,12 +85,19 @@ def main(rounds: int) -> None:
         rows.append(row)
     print(f"\n{'scheme':<22} {'tok/s b1':>9} {'x':>6} {'tok/s b16':>10} {'x':>6} {'ppl':>8} {'ppl +%':>7} {'MB':>6} {'quant s':>8}")
     for row in rows:
+        if "refused" in row:
+            print(f"{row['scheme']:<22} refused here")
+            continue
         print(f"{row['scheme']:<22} {row['tok_s_b1']:>9} {row['speedup_b1']:>6} {row['tok_s_b16']:>10} {row['speedup_b16']:>6} "
               f"{row['perplexity']:>8} {100 * row['perplexity_increase']:>6.2f}% {row['weights_mb']:>6} {row['quantize_seconds'] or '':>8}")
-    out = Path(__file__).parent / "results" / "quantization.json"
-    out.write_text(json.dumps({"model": MODEL, "workload": WORKLOAD, "rounds": rounds, "rows": rows}, indent=2) + "\n")
+    rows += [{"scheme": label, "refused": reason} for label, reason in refused.items()]
+    hardware = platform.detect()
+    out = Path(__file__).parent / "results" / args.out
+    out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
+                               "cpu_flags_amx": any(f.startswith("amx") for f in hardware.cpu_flags),
+                               "linear_kernels": platform.default_linear_kernels(hardware), "workload": WORKLOAD, "rounds": args.rounds, "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    main()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 import llmopt
@@ -129,6 +132,34 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     assert (platform.PACKED_LINEAR_ENV in llmopt.get_endpoint(endpoint.name).environment) == packed
     said = [line for line in Path(endpoint.log_path).read_text().splitlines() if "packed-weight linear kernels" in line]
     assert len(said) == packed and all(line.startswith("(EngineCore") for line in said), said
+
+
+@pytest.mark.engine
+def test_the_engine_core_is_forked_from_the_server(endpoint) -> None:
+    """Forked, not spawned (vLLM's CPU default): it shares its server's memory layout, which a newly
+    started interpreter would not have (address randomization)."""
+    server = psutil.Process(llmopt.get_endpoint(endpoint.name).pid)
+    core = next(p for p in [server, *server.children(recursive=True)] if "EngineCore" in p.name() + " ".join(p.cmdline()))
+
+    def libc(process: psutil.Process) -> str:
+        return next(m.addr for m in process.memory_maps(grouped=False) if Path(m.path).name.startswith("libc.so"))
+
+    assert libc(core) == libc(core.parent())
+
+
+def test_a_forked_engine_core_gets_the_inductor_options_a_spawned_one_reads_at_import() -> None:
+    """vLLM's CPU platform sets them in the environment after torch is imported; they change
+    Inductor's code and vLLM's key for its saved model."""
+    code = ("from llmopt.engine import serve\n"  # imports vLLM, and torch with it
+            "import os; os.environ.update(TORCHINDUCTOR_CPP_DYNAMIC_THREADS='1', TORCHINDUCTOR_COMPILE_THREADS='1')\n"
+            "from torch._inductor import config; before = config.cpp.dynamic_threads\n"
+            "serve._forked_engine_core()\n"
+            "from vllm.v1.engine import utils; import inspect\n"
+            "assert 'get_mp_context()' in inspect.getsource(utils.CoreEngineProcManager.__init__)\n"
+            "print(before, utils.get_mp_context().get_start_method(), config.cpp.dynamic_threads, config.compile_threads)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "fork", "True", "1"]
 
 
 AVX512 = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512f")

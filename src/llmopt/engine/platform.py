@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 PACKED_LINEAR_ENV = "LLMOPT_PACKED_LINEAR"  # set: llmopt's server module gives linear layers vLLM's packed kernels
+SPAWNED_CORE_ENV = "LLMOPT_SPAWNED_ENGINE_CORE"  # set: its engine core is spawned, as vLLM's CPU platform does (benchmarks)
 TCMALLOC_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
     "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",

@@ -17,8 +17,16 @@ decode faster: oneDNN's matrix-vector products stream cold weights at 10-25 GB/s
 (`platform.default_linear_kernels`). With `LLMOPT_PACKED_LINEAR` set, every bf16 or int8 layer of a
 shape they take gets them.
 
-Both must hold in vLLM's engine-core process too, which multiprocessing spawns: a spawned
-process imports the parent's main module again (as `__mp_main__`), so it lives at import time here.
+Both must hold in vLLM's engine-core process, where the model runs. vLLM's CPU platform starts that
+process with `spawn`, so it imports torch and vLLM a second time, after the API server has: 6 of a
+precompiled start's 21 s on two cores. Here the core is forked from the API server instead, once
+the server has configured the engine: it inherits the imported modules and these fixes, and a
+precompiled start of SmolLM2-135M is ready in 16.6 s instead of 21.1, with the same greedy output
+(`benchmarks/compile_cache.py`). What vLLM's platform leaves in the environment for the core's
+torch to read at import is set on torch directly, so the core compiles the same code under the
+same key (vLLM's `VLLM_WORKER_MULTIPROC_METHOD`, also in the key, stays `spawn`), and saved models
+are shared with spawned starts. With `LLMOPT_SPAWNED_ENGINE_CORE` set, the core
+is spawned as vLLM does it (to measure the difference), and imports these fixes as `__mp_main__`.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from llmopt.engine.platform import PACKED_LINEAR_ENV
+from llmopt.engine.platform import PACKED_LINEAR_ENV, SPAWNED_CORE_ENV
 
 
 def _finalized_as_loaded() -> None:
@@ -59,11 +67,30 @@ def _packed_linear_kernels() -> None:
     cpu.check_cpu_sgl_kernel = packed  # imported by name there
 
 
+def _forked_engine_core() -> None:
+    import multiprocessing
+
+    from torch._inductor import config as inductor
+    from vllm.v1.engine import utils
+
+    def fork() -> multiprocessing.context.BaseContext:
+        # vLLM's CPU platform sets these for the engine core's torch to read at import, which a
+        # forked core does not do again; the first changes Inductor's code and vLLM's key for it
+        inductor.cpp.dynamic_threads = os.environ.get("TORCHINDUCTOR_CPP_DYNAMIC_THREADS") == "1"
+        inductor.compile_threads = int(os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", inductor.compile_threads))
+        return multiprocessing.get_context("fork")
+
+    utils.get_mp_context = fork  # imported by name there, and called once the engine is configured
+
+
 _finalized_as_loaded()
-if os.environ.get(PACKED_LINEAR_ENV) == "1" and __name__ == "__mp_main__":  # where the model loads
+if os.environ.get(PACKED_LINEAR_ENV) == "1" and __name__ in ("__main__", "__mp_main__"):  # a forked core inherits them
     _packed_linear_kernels()
 
 if __name__ == "__main__":
     from vllm.entrypoints.launchers.api_server.entry import main
+    from vllm.platforms import current_platform
 
+    if current_platform.is_cpu() and os.environ.get(SPAWNED_CORE_ENV) != "1":
+        _forked_engine_core()
     main()
