@@ -1,6 +1,7 @@
 """vLLM's OpenAI server as llmopt starts it on this machine: vLLM's own server, with a
-compatibility fix so that a precompiled start loads the model vLLM compiled and saved before, and,
-where llmopt chose them, vLLM's packed-weight linear kernels.
+compatibility fix so that a precompiled start loads the model vLLM compiled and saved before,
+vLLM's packed-weight linear kernels where llmopt chose them, and on CPU its engine core forked
+rather than spawned.
 
 vLLM saves a compiled model whole (Dynamo's trace and Inductor's code, `VLLM_USE_AOT_COMPILE`).
 On CPU, vLLM 0.32 compiles with the stock "inductor" backend, whose saved function is torch's
