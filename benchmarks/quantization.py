@@ -94,8 +94,9 @@ def main() -> None:
     hardware = platform.detect()
     out = Path(__file__).parent / "results" / args.out
     out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
-                               "cpu_flags_amx": any(f.startswith("amx") for f in hardware.cpu_flags),
-                               "linear_kernels": platform.default_linear_kernels(hardware), "workload": WORKLOAD, "rounds": args.rounds, "rows": rows}, indent=2) + "\n")
+                               "cpu_flags_amx": hardware.has_amx,
+                               "linear_kernels": platform.default_linear_kernels(hardware), "workload": WORKLOAD,
+                               "rounds": args.rounds, "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")
 
 

@@ -107,7 +107,7 @@ def main() -> None:
         rows.append(row)
     out = RESULTS.with_name(args.out)
     out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
-                                   "cpu_flags_amx": any(f.startswith("amx") for f in hardware.cpu_flags),
+                                   "cpu_flags_amx": hardware.has_amx,
                                    "machine": asdict(rates), "output_tokens": OUTPUT_TOKENS, "rows": rows}, indent=2) + "\n")
     print(f"\n{'kind':<22} {'MB/token':>8} {'ppl +':>6} " + " ".join(f"{c + ' tok/s (bound, %)':>32}" for c in CASES))
     for row in rows:

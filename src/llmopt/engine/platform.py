@@ -41,6 +41,11 @@ class Hardware(BaseModel):
     gpu: str | None
     gpu_count: int = 0
 
+    @property
+    def has_amx(self) -> bool:
+        """AMX tiles, which choose vLLM's CPU kernels (and llmopt's choice among them)."""
+        return any(flag.startswith("amx") for flag in self.cpu_flags)
+
 
 def detect() -> Hardware:
     import psutil
@@ -118,8 +123,7 @@ def default_linear_kernels(hw: Hardware) -> str:
     batch-1 decode ran 1.21x faster served with them, 1.48x in vLLM's offline API
     (benchmarks/engine_cpu_settings.py). With AMX, vLLM's own choice was not measured against them
     and stays."""
-    amx = any(flag.startswith("amx") for flag in hw.cpu_flags)
-    return "packed" if packed_linear_supported(hw) and not amx else "vllm"
+    return "packed" if packed_linear_supported(hw) and not hw.has_amx else "vllm"
 
 
 def torch_version() -> str:
