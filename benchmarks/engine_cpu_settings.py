@@ -9,7 +9,8 @@ there), and llmopt's choice with one model thread instead of two. Then thread pl
 pinning (`KMP_AFFINITY` as its CPU worker sets it) given to the whole server, and the same with
 every thread but the model's main one set back to every core once the server is ready; and
 OpenMP's spin before sleeping (`KMP_BLOCKTIME`) at 0 and 200 ms against vLLM's 5; and streaming
-8 or 32 tokens a chunk (`stream_interval`) instead of every token. Each row
+8 or 32 tokens a chunk (`stream_interval`) instead of every token; and the engine core spawned
+as vLLM does it rather than forked from the API server. Each row
 records which cores each server thread may run on. Decode speed at batch 1 and 8 with fixed
 lengths (64 in, 128 out, end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json;
 given row labels and --repeat N, takes those rows in turn N times and reports medians
@@ -33,6 +34,7 @@ import llmopt
 from decode_profile import server_pids
 from llmopt import EngineConfig
 from llmopt.engine import vllm
+from llmopt.engine.platform import SPAWNED_CORE_ENV
 
 LLMOPT = EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni")  # packed linear kernels where chosen
 CORES = sorted(os.sched_getaffinity(0))
@@ -60,6 +62,8 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     # model's second OpenMP thread is not preempted by it while a step runs
     "llmopt, API server at nice 10": (LLMOPT, {}, lambda pid: renice_api_server(pid, 10)),
     "llmopt, API server at nice 19": (LLMOPT, {}, lambda pid: renice_api_server(pid, 19)),
+    # the engine core spawned as vLLM does it, instead of forked from the API server (llmopt.engine.serve)
+    "llmopt, engine core spawned": (LLMOPT, {SPAWNED_CORE_ENV: "1"}, None),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
 

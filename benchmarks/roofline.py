@@ -15,15 +15,19 @@ allows it), built by a real job with the built-in recipe (or reused by key):
 - what the deployed artifact achieves, from the time per output token (p50) of fixed-length
   requests (end-of-sequence ignored) at batch 1 with a short prompt and with ~1,000 tokens of
   prompt, and at batch 16; and the fraction of the bound.
-Writes benchmarks/results/roofline.json (or --out), every row or those named.
+With --rounds N every artifact is deployed and measured N times, the artifacts in turn within a
+round and the machine's rates measured again before each round, and the table gives the medians:
+this VM's speed drifts 10-20% an hour, so a row measured once, minutes from another, is no
+comparison. Writes benchmarks/results/roofline.json (or --out), every row or those named.
 
-    .venv/bin/python benchmarks/roofline.py [KIND ...] [--out NAME.json]
+    .venv/bin/python benchmarks/roofline.py [KIND ...] [--rounds N] [--out NAME.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,7 +36,7 @@ from llmopt import artifact
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import benchmark
-from llmopt.roofline import Speculation, bound_tokens_per_s, measure_rates, traffic
+from llmopt.roofline import Rates, Speculation, bound_tokens_per_s, measure_rates, traffic
 
 MODEL = "smollm2-135m-instruct"
 KINDS = {"bf16": "baseline", "SmoothQuant W8A8": "smoothquant",
@@ -68,47 +72,65 @@ def achieved(folder: Path) -> dict[str, tuple[float, Speculation | None]]:
     return speeds
 
 
+def _median_rates(measured: list[Rates]) -> Rates:
+    def median(values: list[float | None]) -> float | None:
+        found = [v for v in values if v is not None]
+        return round(statistics.median(found), 1) if found else None
+
+    return Rates(**{name: median([getattr(r, name) for r in measured]) for name in asdict(measured[0])})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kinds", nargs="*", help=f"the rows to run (default: every one): {', '.join(KINDS)}")
+    parser.add_argument("--rounds", type=int, default=1, help="deploy and measure every artifact this many times, in turn")
     parser.add_argument("--out", default=RESULTS.name, help="the results file's name in results/")
     args = parser.parse_args()
     if unknown := [kind for kind in args.kinds if kind not in KINDS]:
         parser.error(f"no row named {', '.join(unknown)}")
     hardware = platform.detect()
-    rates = measure_rates(hardware.cores)
-    print(f"{hardware.cpu_model}, {hardware.cores} cores: read {rates.read_gb_s} GB/s, copy {rates.copy_gb_s} GB/s, "
-          f"bf16 matmul {rates.bf16_gflop_s} GFLOP/s, int8 {rates.int8_gflop_s} GFLOP/s", flush=True)
-    rows = []
+    rows, built = [], {}
     for kind in args.kinds or KINDS:
-        recipe = KINDS[kind]
         try:
-            job = llmopt.optimize(MODEL, recipe)
+            job = llmopt.optimize(MODEL, KINDS[kind])
         except LlmoptError as exc:
             rows.append({"kind": kind, "refused": exc.one_line()})
             print(f"{kind}: refused here: {exc.one_line()}", flush=True)
             continue
         if job.artifact is None:
             raise SystemExit(f"{kind}: job {job.name} ended {job.status}: {job.record.failure_reason}")
-        folder = Path(job.artifact)
+        built[kind] = Path(job.artifact)
+    measured: list[Rates] = []
+    speeds: dict[str, list[dict[str, tuple[float, Speculation | None]]]] = {kind: [] for kind in built}
+    for round_ in range(1, args.rounds + 1):
+        measured.append(measure_rates(hardware.cores))
+        rates = measured[-1]
+        print(f"round {round_}: {hardware.cpu_model}, {hardware.cores} cores: read {rates.read_gb_s} GB/s, copy "
+              f"{rates.copy_gb_s} GB/s, bf16 matmul {rates.bf16_gflop_s} GFLOP/s, int8 {rates.int8_gflop_s} GFLOP/s", flush=True)
+        for kind, folder in built.items():
+            print(f"{kind}: {traffic(folder).weights_bytes / 1e6:.1f} MB per token", flush=True)
+            speeds[kind].append(achieved(folder))
+    rates = _median_rates(measured)
+    for kind, folder in built.items():
         found = traffic(folder)
-        print(f"{kind}: {found.weights_bytes / 1e6:.1f} MB per token", flush=True)
-        speeds = achieved(folder)
         metrics = artifact.load(folder).metrics
         row = {"kind": kind, "artifact": folder.name, "mb_per_token": round(found.weights_bytes / 1e6, 1),
                "perplexity": round(metrics.perplexity.perplexity, 3), "perplexity_increase": metrics.perplexity_increase, "cases": {}}
         for case, (prompt, concurrency, _) in CASES.items():
-            speed, speculation = speeds[case]
+            runs = [measured_round[case] for measured_round in speeds[kind]]
+            speed = statistics.median(s for s, _ in runs)
+            speculation = min(runs, key=lambda run: abs(run[0] - speed))[1]  # the median round's, or the nearest
             bound, limit = bound_tokens_per_s(found, rates, concurrency, prompt + OUTPUT_TOKENS // 2, speculation)
-            row["cases"][case] = {"achieved_tok_s": round(speed, 1), "bound_tok_s": round(bound, 1), "limited_by": limit,
-                                  "fraction": round(speed / bound, 3),
+            row["cases"][case] = {"achieved_tok_s": round(speed, 1), "rounds_tok_s": [round(s, 1) for s, _ in runs],
+                                  "bound_tok_s": round(bound, 1), "limited_by": limit, "fraction": round(speed / bound, 3),
                                   "accepted_length": round(speculation.accepted_length, 2) if speculation else None,
                                   "proposed": round(speculation.proposed, 2) if speculation else None}
         rows.append(row)
     out = RESULTS.with_name(args.out)
     out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
-                                   "cpu_flags_amx": hardware.has_amx,
-                                   "machine": asdict(rates), "output_tokens": OUTPUT_TOKENS, "rows": rows}, indent=2) + "\n")
+                               "cpu_flags_amx": hardware.has_amx, "rounds": args.rounds,
+                               "machine": asdict(rates), "machine_rounds": [asdict(r) for r in measured],
+                               "output_tokens": OUTPUT_TOKENS, "rows": rows}, indent=2) + "\n")
     print(f"\n{'kind':<22} {'MB/token':>8} {'ppl +':>6} " + " ".join(f"{c + ' tok/s (bound, %)':>32}" for c in CASES))
     for row in rows:
         if "refused" in row:
@@ -118,7 +140,7 @@ def main() -> None:
                  + (f" x{c['accepted_length']}" if c["accepted_length"] else "") for c in row["cases"].values()]
         increase = f"{row['perplexity_increase']:.1%}" if row["perplexity_increase"] is not None else "-"
         print(f"{row['kind']:<22} {row['mb_per_token']:>8} {increase:>6} " + " ".join(f"{c:>32}" for c in cells))
-    print(f"wrote {out}")
+    print(f"wrote {out} (medians of {args.rounds} round{'s' if args.rounds > 1 else ''})")
 
 
 if __name__ == "__main__":

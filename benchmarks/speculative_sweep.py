@@ -5,7 +5,7 @@ recommended draft, the 0.5B quantized to INT8; the sweep on the catalogue's work
 coding prompts) on the processor at hand, then measures the same thing outside the job: the source
 model deployed as `llmopt deploy` serves it (with the artifact's engine settings, speculation
 left out) and the artifact deployed as it was built, each loaded with the sweep's own plan (the
-same prompts, the same fixed output length, the same requests per level). Per level it prints the
+same prompts, the same output lengths, the same requests per level). Per level it prints the
 sweep's output tokens/s ratio beside the direct one, each with its interval, and whether the two
 intervals overlap: the sweep decides where speculation is switched off, so it must measure what a
 deployment then delivers. Needs `scripts/install.sh --with-qwen`. About 40 minutes on 2 cores.
@@ -32,9 +32,14 @@ MODEL = "qwen2.5-coder-1.5b-instruct"
 RESULTS = Path(__file__).parent / "results" / "speculative_sweep.json"
 
 
-def _measure(target: str, tokenizer: str, plan: levels.Plan, **deploy: object) -> list[Level]:
+def _measure(target: str, tokenizer: str, plan: levels.Plan, lengths: dict[int, int] | None,
+             **deploy: object) -> tuple[list[Level], dict[int, int] | None]:
+    """The plan's levels on one deployment; where the sweep ran at natural lengths and none are
+    given yet, this deployment measures them first (as the sweep's engine without speculation did)."""
     with llmopt.deploy(target, **deploy) as endpoint:  # type: ignore[arg-type]
-        return levels.measure(endpoint.url, endpoint.served_name, tokenizer, plan)
+        if lengths is None and plan.output_tokens is None:
+            lengths = levels.natural_lengths(endpoint.url, endpoint.served_name, tokenizer, plan)
+        return levels.measure(endpoint.url, endpoint.served_name, tokenizer, plan, lengths=lengths), lengths
 
 
 def _row(row: speculative.SweepRow) -> dict:
@@ -56,8 +61,8 @@ def main() -> None:
                        requests=sweep.requests_per_level, min_duration_s=0, output_tokens=sweep.output_tokens)
     source = sources.resolve(model)
     engine = manifest.located_engine(Path(job.artifact)).model_copy(update={"speculative": None})
-    without = _measure(source.id, source.path, plan, engine=engine)
-    with_ = _measure(str(job.artifact), str(job.artifact), plan)
+    without, lengths = _measure(source.id, source.path, plan, None, engine=engine)
+    with_, _ = _measure(str(job.artifact), str(job.artifact), plan, lengths)
     direct = [speculative.sweep_row(b, s) for b, s in zip(without, with_)]
     limit = sweep.disable_above_batch
     rows = []
@@ -72,7 +77,7 @@ def main() -> None:
            "disable_above_batch": limit, "levels": rows}
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     print(f"{model} --speculative draft on {hardware.cpu_model} ({hardware.cores} cores); job {job_s / 60:.1f} min; "
-          f"{out['dataset']}, {sweep.output_tokens} tokens per request; switched off above: {limit or 'nothing'}")
+          f"{out['dataset']}, {sweep.output_tokens or 'natural'} tokens per request; switched off above: {limit or 'nothing'}")
     print("conc | sweep: speed-up [interval] decode TTFT accept | direct: speed-up [interval] decode TTFT accept | agree")
     for row in rows:
         cells = [f"{r['speedup']:.2f}x [{r['low']:.2f}-{r['high']:.2f}] {r['decode_speedup']}x {r['ttft_cost_ms']:+.0f} ms "

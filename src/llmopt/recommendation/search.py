@@ -58,10 +58,19 @@ class RecommendSpec(BaseModel):
             raise ValueError(f"concurrency must be increasing positive integers, got {list(self.concurrency)}")
         return self
 
-    def identity(self) -> str:
-        """What makes two runs the same run (the goal, targets and budget only rank and choose)."""
-        return hashing.json_sha256(self.model_dump(mode="json", include={"model", "dataset", "concurrency", "requests",
-                                                                         "min_duration_s", "recipes"}))[:10]
+    def identity(self, source: sources.Model, hardware: Hardware) -> str:
+        """What makes two runs the same run: the arguments that say what is measured (the goal, targets
+        and budget only rank and choose), and what the measurements depend on besides: the model's
+        and the recipe files' contents, the machine, the engine and llmopt's release. A saved run is
+        reused for none of those changed."""
+        measured = self.model_dump(mode="json", include={"model", "dataset", "concurrency", "requests", "min_duration_s"})
+        measured |= {
+            "content": source.content_hash,
+            "recipes": [hashing.file_sha256(Path(r)) if Path(r).is_file() else r for r in self.recipes],
+            "hardware": hardware.model_dump(mode="json", include={"device", "cpu_model", "cores", "cpu_flags", "gpu", "gpu_count"}),
+            "engine": vllm.engine_name_version(), "llmopt": md.version("llmopt"),
+        }
+        return hashing.json_sha256(measured)[:10]
 
 
 class Recommendation(BaseModel):
@@ -101,7 +110,7 @@ def start(spec: RecommendSpec) -> Recommendation:
     """A recommendation for these arguments: the one already under way (or done) if there is one."""
     source = sources.resolve(spec.model)
     hardware = platform.detect()
-    run_id = f"{names.slug(source.id)[:40]}-{spec.identity()}"
+    run_id = f"{names.slug(source.id)[:40]}-{spec.identity(source, hardware)}"
     saved = paths.home() / "recommendations" / run_id / "recommendation.json"
     if saved.is_file():
         previous = Recommendation.model_validate_json(saved.read_text())
