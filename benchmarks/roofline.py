@@ -100,6 +100,7 @@ def main() -> None:
         if job.artifact is None:
             raise SystemExit(f"{kind}: job {job.name} ended {job.status}: {job.record.failure_reason}")
         built[kind] = Path(job.artifact)
+    streamed = {kind: traffic(folder) for kind, folder in built.items()}  # read from the headers once
     measured: list[Rates] = []
     speeds: dict[str, list[dict[str, tuple[float, Speculation | None]]]] = {kind: [] for kind in built}
     for round_ in range(1, args.rounds + 1):
@@ -108,11 +109,11 @@ def main() -> None:
         print(f"round {round_}: {hardware.cpu_model}, {hardware.cores} cores: read {rates.read_gb_s} GB/s, copy "
               f"{rates.copy_gb_s} GB/s, bf16 matmul {rates.bf16_gflop_s} GFLOP/s, int8 {rates.int8_gflop_s} GFLOP/s", flush=True)
         for kind, folder in built.items():
-            print(f"{kind}: {traffic(folder).weights_bytes / 1e6:.1f} MB per token", flush=True)
+            print(f"{kind}: {streamed[kind].weights_bytes / 1e6:.1f} MB per token", flush=True)
             speeds[kind].append(achieved(folder))
     rates = _median_rates(measured)
     for kind, folder in built.items():
-        found = traffic(folder)
+        found = streamed[kind]
         metrics = artifact.load(folder).metrics
         row = {"kind": kind, "artifact": folder.name, "mb_per_token": round(found.weights_bytes / 1e6, 1),
                "perplexity": round(metrics.perplexity.perplexity, 3), "perplexity_increase": metrics.perplexity_increase, "cases": {}}

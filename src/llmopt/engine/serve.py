@@ -81,14 +81,15 @@ def _forked_engine_core() -> None:
         # forked core does not do again; the first changes Inductor's code and vLLM's key for it
         inductor.cpp.dynamic_threads = os.environ.get("TORCHINDUCTOR_CPP_DYNAMIC_THREADS") == "1"
         inductor.compile_threads = int(os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", inductor.compile_threads))
-        # Intel OpenMP, started in the server, pins a forked child's main thread to the first core
-        # of its mask; every thread the core starts inherits that, and numba, imported there by
-        # n-gram speculation, sizes itself from it: one thread, which it then sets as OpenMP's
-        # count on the model's thread, so the model ran on one core (prefill 2x slower)
-        allowed = os.sched_getaffinity(0)
-        os.register_at_fork(after_in_child=lambda: os.sched_setaffinity(0, allowed))
         return multiprocessing.get_context("fork")
 
+    # Intel OpenMP, started in the server, pins a forked child's main thread to the first core of
+    # its mask; every thread the core starts inherits that, and numba, imported there by n-gram
+    # speculation, sizes itself from it: one thread, which it then sets as OpenMP's count on the
+    # model's thread, so the model ran on one core (prefill 2x slower). Registered once, here:
+    # vLLM asks for its context more than once
+    allowed = os.sched_getaffinity(0)
+    os.register_at_fork(after_in_child=lambda: os.sched_setaffinity(0, allowed))
     utils.get_mp_context = fork  # imported by name there, and called once the engine is configured
 
 
