@@ -44,8 +44,16 @@ app.add_typer(cache_app, name="cache")
 app.add_typer(configs_app, name="configs")
 app.add_typer(evaluations_app, name="evaluations")
 
-console = Console()
-err = Console(stderr=True)
+PIPED_WIDTH = 200  # rich gives output that is not a terminal 80 columns, which squeezes the wide tables to a letter a line
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH)
+
+
+console = _console()
+err = _console(stderr=True)
 JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
 
 

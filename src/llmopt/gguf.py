@@ -125,13 +125,13 @@ def to_hf_folder(gguf_path: Path, dest: Path) -> TokenizerRules:
     transformers keeps GGUF weights packed by default and then refuses to save them; asking for
     `GgufConfig(dequantize=True)` loads a plain dense model that `save_pretrained` accepts.
     """
+    rules = tokenizer_rules(check(gguf_path))  # before torch's import: a corrupt file is refused seconds sooner
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-
-    rules = tokenizer_rules(check(gguf_path))
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)

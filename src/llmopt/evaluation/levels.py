@@ -94,7 +94,7 @@ def measure(url: str, served_name: str, tokenizer_path: str, plan: Plan, headers
 
 
 def natural_lengths(url: str, served_name: str, tokenizer_path: str, plan: Plan,
-                    headers: dict[str, str] | None = None) -> dict[int, int]:
+                    headers: dict[str, str] | None = None, events: Events = lambda *a, **k: None) -> dict[int, int]:
     """Each prompt's natural output length on this server: one pass over every prompt the plan's
     levels send, at its highest level, no warm-up. What `measure(lengths=...)` replays, with
     end-of-sequence ignored (the lengths do not depend on the level at temperature 0)."""
@@ -102,12 +102,12 @@ def natural_lengths(url: str, served_name: str, tokenizer_path: str, plan: Plan,
     work = plan.workload(counter)
     every = plan.model_copy(update={"concurrency": (max(plan.concurrency),), "requests": len(work.requests),
                                     "duration_s": None, "min_duration_s": 0.0, "warmup_requests": 0})
-    return output_lengths(_completed(url, served_name, work, counter, every, headers))
+    return output_lengths(_completed(url, served_name, work, counter, every, headers, "natural lengths", events))
 
 
 def _completed(url: str, served_name: str, work: workloads.Workload, counter: TokenCounter, plan: Plan,
-               headers: dict[str, str] | None) -> list[Level]:
-    found = run(url, served_name, work, counter, plan, pricing.choose(None, None, None), headers)
+               headers: dict[str, str] | None, label: str = "", events: Events = lambda *a, **k: None) -> list[Level]:
+    found = run(url, served_name, work, counter, plan, pricing.choose(None, None, None), headers, label, events)
     if aborted := next((level.aborted for level in found if level.aborted), None):
         raise LlmoptError(f"load test against {url} aborted: {aborted}", "see the engine log")
     return found

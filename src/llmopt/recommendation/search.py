@@ -225,7 +225,7 @@ def _submit(rec: Recommendation, candidate: Candidate) -> None:
 
 def _measure(rec: Recommendation, candidate: Candidate, plan: Plan, events: Events) -> None:
     """The candidate's built job, then one deployment of its artifact loaded at every level on equal
-    work (the reference first runs its natural outputs once, at the lowest level, to set the lengths)."""
+    work (the reference first answers every prompt once, naturally, to set the lengths)."""
     record = runner.Job(candidate.job or "").wait().record
     if record.status != store.COMPLETED:
         raise LlmoptError(f"its job ended {record.status}: {record.failure_reason}", f"see `llmopt jobs logs {record.name}`")
@@ -238,10 +238,8 @@ def _measure(rec: Recommendation, candidate: Candidate, plan: Plan, events: Even
         counter = TokenCounter.from_path(target.result.tokenizer or "")
         work = plan.workload(counter)
         if not rec.lengths:
-            first = plan.model_copy(update={"concurrency": plan.concurrency[:1]})
-            natural = levels.run(target.result.url, target.result.served_name, work, counter, first, price, target.headers,
-                                 f"{candidate.name} (natural)", events)
-            rec.lengths = levels.output_lengths(natural)
+            rec.lengths = levels.natural_lengths(target.result.url, target.result.served_name, target.result.tokenizer or "",
+                                                 plan, target.headers, events)
         found = levels.run(target.result.url, target.result.served_name, work.with_lengths(rec.lengths), counter, plan, price,
                            target.headers, candidate.name, events)
     finally:
