@@ -51,7 +51,7 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     # thread the front end has taken the other core from
     "one model thread (1 reserved, preload, no worker)": (LLMOPT.model_copy(update={"reserved_cpus": 1}), {}, None),
     "llmopt, vLLM's pinning for the whole server": (LLMOPT, PINNED, None),
-    "llmopt, vLLM's pinning, then all but the model's main thread freed": (LLMOPT, PINNED, lambda pid: free_all_but_the_model_main_thread(pid)),
+    "llmopt, vLLM's pinning, then all but the model's main thread freed": (LLMOPT, PINNED, lambda pid: free_threads(pid, True)),
     # how long OpenMP's idle threads spin before they sleep: vLLM's 5 ms, none, Intel's default
     "llmopt, KMP_BLOCKTIME=0": (LLMOPT, {"KMP_BLOCKTIME": "0"}, None),
     "llmopt, KMP_BLOCKTIME=200": (LLMOPT, {"KMP_BLOCKTIME": "200"}, None),
@@ -64,6 +64,7 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     "llmopt, API server at nice 19": (LLMOPT, {}, lambda pid: renice_api_server(pid, 19)),
     # the engine core spawned as vLLM does it, instead of forked from the API server (llmopt.engine.serve)
     "llmopt, engine core spawned": (LLMOPT, {SPAWNED_CORE_ENV: "1"}, None),
+    "llmopt, every thread freed once ready": (LLMOPT, {}, lambda pid: free_threads(pid, False)),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
 
@@ -83,17 +84,18 @@ def placement(pid: int) -> dict[str, dict[str, int]]:
             dict(collections.Counter(_cores(t.id) for t in p.threads())) for p in _server(pid)}
 
 
-def free_all_but_the_model_main_thread(pid: int) -> None:
-    """Every server thread may run on every core again, except the engine core's main thread (the
-    model's first OpenMP thread), kept on the first core. Pinning cannot do more here: with
-    KMP_AFFINITY set, the API server's import of torch pins its main thread to the first core, and
-    the engine core process it starts inherits that one-core mask, so OpenMP there binds every
-    thread, its second model thread included, to the same core."""
+def free_threads(pid: int, pin_model_main: bool) -> None:
+    """Every server thread may run on every core again, except, if asked, the engine core's main
+    thread (the model's first OpenMP thread), kept on the first core. Pinning cannot do more here:
+    with KMP_AFFINITY set, the API server's import of torch pins its main thread to the first core,
+    and the engine core process it starts inherits that one-core mask, so OpenMP there binds every
+    thread, its second model thread included, to the same core. Without pinning, a forked engine
+    core still has OpenMP's second thread bound to one core (its first is given all back at the fork)."""
     engine_core = server_pids(pid)["engine core"]
     for process in _server(pid):
         for thread in process.threads():
             try:
-                os.sched_setaffinity(thread.id, CORES[:1] if thread.id == engine_core else CORES)
+                os.sched_setaffinity(thread.id, CORES[:1] if pin_model_main and thread.id == engine_core else CORES)
             except ProcessLookupError:  # a thread that ended meanwhile
                 continue
 
