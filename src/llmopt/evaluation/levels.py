@@ -94,12 +94,17 @@ def measure(url: str, served_name: str, tokenizer_path: str, plan: Plan, headers
 
 
 def natural_lengths(url: str, served_name: str, tokenizer_path: str, plan: Plan,
-                    headers: dict[str, str] | None = None, events: Events = lambda *a, **k: None) -> dict[int, int]:
+                    headers: dict[str, str] | None = None) -> dict[int, int]:
     """Each prompt's natural output length on this server: one pass over every prompt the plan's
     levels send, at its highest level, no warm-up. What `measure(lengths=...)` replays, with
     end-of-sequence ignored (the lengths do not depend on the level at temperature 0)."""
     counter = TokenCounter.from_path(tokenizer_path)
-    work = plan.workload(counter)
+    return natural_lengths_of(url, served_name, plan.workload(counter), counter, plan, headers)
+
+
+def natural_lengths_of(url: str, served_name: str, work: workloads.Workload, counter: TokenCounter, plan: Plan,
+                       headers: dict[str, str] | None = None, events: Events = lambda *a, **k: None) -> dict[int, int]:
+    """`natural_lengths` for a caller that has already built the plan's workload and its tokenizer."""
     every = plan.model_copy(update={"concurrency": (max(plan.concurrency),), "requests": len(work.requests),
                                     "duration_s": None, "min_duration_s": 0.0, "warmup_requests": 0})
     return output_lengths(_completed(url, served_name, work, counter, every, headers, "natural lengths", events))

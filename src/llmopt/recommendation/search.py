@@ -238,8 +238,8 @@ def _measure(rec: Recommendation, candidate: Candidate, plan: Plan, events: Even
         counter = TokenCounter.from_path(target.result.tokenizer or "")
         work = plan.workload(counter)
         if not rec.lengths:
-            rec.lengths = levels.natural_lengths(target.result.url, target.result.served_name, target.result.tokenizer or "",
-                                                 plan, target.headers, events)
+            rec.lengths = levels.natural_lengths_of(target.result.url, target.result.served_name, work, counter, plan,
+                                                    target.headers, events)
         found = levels.run(target.result.url, target.result.served_name, work.with_lengths(rec.lengths), counter, plan, price,
                            target.headers, candidate.name, events)
     finally:
