@@ -30,8 +30,10 @@ def test_demo_optimizes_and_compares_on_the_real_engine(smol, tmp_path: Path) ->
     assert base.label == smol.id and optimized.label == Path(job.artifact).name
     for target in (base, optimized):
         assert [lvl.concurrency for lvl in target.levels] == [1, 4]
-        assert all(lvl.invocations == 4 * lvl.concurrency and lvl.invocation_errors == 0 and lvl.output_tokens_per_s > 0
-                   for lvl in target.levels)  # 4 requests, and at least 4 per concurrent user
+        assert all(lvl.invocations == 16 and lvl.invocation_errors == 0 and lvl.output_tokens_per_s > 0
+                   for lvl in target.levels)  # 4 per user of the highest level, at every level
+        low, high = ({r.prompt for r in lvl.requests} for lvl in target.levels)
+        assert low == high  # the same prompts at both levels: levels compare on equal work
         assert [lvl.concurrency for lvl in target.equal_work] == [1, 4]
     row = results.comparison.targets[0]
     first = row.levels[0].requests_per_s

@@ -41,6 +41,7 @@ def test_sweep_against_the_real_engine(endpoint, tmp_path: Path) -> None:
     for lvl in target.levels:
         assert lvl.invocations == 8 and lvl.invocation_errors == 0 and lvl.tokenizer_failures == 0
         assert len(lvl.requests) == 8 and all(0 < r.ttft_ms < r.latency_ms for r in lvl.requests)
+        assert sorted(r.prompt for r in lvl.requests) == list(range(2, 10))  # every level's: past c=2's warm-up
         assert 0 < lvl.ttft_ms.p50 <= lvl.latency_ms.p50
         assert lvl.itl_ms.p50 > 0 and lvl.tpot_ms.p90 > 0
         assert lvl.output_tokens_per_s > 0 and lvl.input_tokens_per_s > lvl.output_tokens_per_s
@@ -182,7 +183,8 @@ def test_every_pass_gets_its_own_prefix_cache_salt_and_only_vllm_gets_one() -> N
     assert asyncio.run(_salts_sent(None, [(1, four)])) == asyncio.run(_salts_sent("0.10.1", [(1, four)])) == [[None] * 5]
     (passes,) = asyncio.run(_salts_sent("0.32.0", [(1, loadgen.RunSettings(requests_per_level=4, warmup_requests=0,
                                                                                min_duration_s=0.3))]))
-    assert len(passes) > 8 and all(passes[k] == passes[k - k % 4] for k in range(len(passes)))  # one salt a pass of four
+    assert len(passes) > 8 and len(passes) % 4 == 0  # past the level's time in whole passes: every level's work is alike
+    assert all(passes[k] == passes[k - k % 4] for k in range(len(passes)))  # one salt a pass of four
     assert len(set(passes)) == (len(passes) + 3) // 4, passes  # and a new one for every pass
 
 
@@ -207,6 +209,28 @@ def test_natural_lengths_cover_every_prompt_and_replay_exactly(smol, tmp_path: P
     assert [lvl.concurrency for lvl in found] == [1, 2, 2]
     for level in found:
         assert level.requests and all(r.served_tokens == 2 * (r.prompt + 1) for r in level.requests)
+
+
+def test_every_level_sends_the_same_prompts(smol, tmp_path: Path) -> None:
+    """Levels compare on equal work: each sends the same prompts, as many as the highest level needs
+    (4 per user), from past the largest warm-up. A speculation sweep, which compares within a level
+    only, can ask each level for just its own."""
+    from llmopt.evaluation import levels
+
+    jsonl = tmp_path / "many.jsonl"
+    jsonl.write_text("".join(json.dumps({"prompt": f"p{i}", "max_tokens": 1 + i % 5}) + "\n" for i in range(40)))
+    url, proc = stub_server.start()
+    try:
+        plan = levels.Plan(dataset=str(jsonl), concurrency=(1, 4), requests=4, min_duration_s=0)
+        equal = levels.measure(url, "stub", smol.path, plan)
+        own = levels.measure(url, "stub", smol.path, plan.model_copy(update={"equal_levels": False}))
+    finally:
+        proc.kill()
+        proc.wait()
+    low, high = (sorted(r.prompt for r in level.requests) for level in equal)
+    assert low == high == list(range(4, 20))  # 4 per user of c=4, past c=4's warm-up, at c=1 too
+    assert sum(r.output_tokens for r in equal[0].requests) == sum(r.output_tokens for r in equal[1].requests)
+    assert [sorted(r.prompt for r in level.requests) for level in own] == [list(range(1, 5)), list(range(4, 20))]
 
 
 @pytest.fixture()

@@ -27,12 +27,15 @@ class Plan(BaseModel):
 
     dataset: str = "builtin-qa"
     concurrency: tuple[int, ...] = Field((1, 4), min_length=1)
-    requests: int | None = Field(16, gt=0, le=1_000_000, description="At least; never fewer than 4 per concurrent user.")
+    requests: int | None = Field(16, gt=0, le=1_000_000,
+                                 description="At least; never fewer than 4 per user (of the highest level, with equal_levels).")
     duration_s: float | None = Field(None, gt=0, le=7 * 86400, description="Seconds per level instead of a request count.")
     min_duration_s: float = Field(MIN_DURATION_S, ge=0, le=86400, description="With a request count: at least this long.")
     output_tokens: int | None = Field(None, gt=0, le=1 << 16,
                                       description="Every request generates exactly this many tokens (end-of-sequence ignored).")
     warmup_requests: int | None = Field(None, ge=0, le=10_000)
+    equal_levels: bool = Field(True, description="Every level sends the same prompts, as many as the highest level needs, "
+                                                 "so levels compare on equal work; off, a level sends only what it needs.")
     timeout_s: float = Field(loadgen.DEFAULT_TIMEOUT_S, gt=0, le=86400)
     seed: int = Field(0, ge=0)
     goodput: GoodputTargets = GoodputTargets()
@@ -44,7 +47,14 @@ class Plan(BaseModel):
         return self
 
     def requests_at(self, concurrency: int) -> int | None:
-        return None if self.duration_s is not None else max(self.requests or 0, REQUESTS_PER_USER * concurrency)
+        users = max(self.concurrency) if self.equal_levels else concurrency
+        return None if self.duration_s is not None else max(self.requests or 0, REQUESTS_PER_USER * users)
+
+    def first_request(self) -> int | None:
+        """Where every level's measured prompts start, past the largest warm-up; None: past each level's own."""
+        if not self.equal_levels:
+            return None
+        return self.warmup_requests if self.warmup_requests is not None else max(self.concurrency)
 
     def workload(self, counter: TokenCounter | None) -> workloads.Workload:
         count = max(self.requests or 64, REQUESTS_PER_USER * max(self.concurrency)) + max(self.concurrency)  # + warm-up
@@ -59,7 +69,7 @@ def run(url: str, served_name: str, work: workloads.Workload, counter: TokenCoun
     found = []
     for level in plan.concurrency:
         settings = loadgen.RunSettings(plan.requests_at(level), plan.duration_s, plan.warmup_requests, plan.timeout_s,
-                                       0.0 if plan.duration_s is not None else plan.min_duration_s)
+                                       0.0 if plan.duration_s is not None else plan.min_duration_s, plan.first_request())
         events("level", target=label, concurrency=level, total=plan.requests_at(level))
         run_ = asyncio.run(loadgen.run_level(url, served_name, work, level, settings, headers or {},
                                              on_done=lambda r: events("request", error=r.error)))

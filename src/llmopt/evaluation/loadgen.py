@@ -70,7 +70,8 @@ class RunSettings:
     duration_s: float | None = None
     warmup_requests: int | None = None  # default: one per concurrent user
     timeout_s: float = DEFAULT_TIMEOUT_S
-    min_duration_s: float = 0.0  # with a request count: go on until this long has passed too
+    min_duration_s: float = 0.0  # with a request count: go on, in whole passes over its prompts, until this long has passed too
+    first_request: int | None = None  # the workload's first measured request; default: the one after the warm-up's
 
 
 def request_body(model: str, request: Request, workload: Workload, cache_salt: str | None = None) -> dict:
@@ -169,7 +170,8 @@ async def run_level(url: str, model: str, workload: Workload, concurrency: int, 
         before = await _scrape(session, url)
         count = settings.requests_per_level if settings.duration_s is None else None
         # measured requests start after the warm-up's, so warm-up does not pre-fill their prefix cache
-        plan = workload.take(count if count is not None else max(len(workload.requests), concurrency), start=warmup)
+        first = settings.first_request if settings.first_request is not None else warmup
+        plan = workload.take(count if count is not None else max(len(workload.requests), concurrency), start=first)
         next_index = 0
         records: list[RequestRecord] = []
         aborted: str | None = None
@@ -184,8 +186,8 @@ async def run_level(url: str, model: str, workload: Workload, concurrency: int, 
                 if deadline is not None:
                     if time.perf_counter() >= deadline:
                         return
-                elif next_index >= len(plan) and time.perf_counter() >= floor:
-                    return
+                elif next_index >= len(plan) and next_index % len(plan) == 0 and time.perf_counter() >= floor:
+                    return  # at the end of a pass: every level's work is whole passes over the same prompts
                 index = next_index
                 next_index += 1
                 body = request_body(model, plan[index % len(plan)], workload, salt and f"{salt}-{index // len(plan)}")

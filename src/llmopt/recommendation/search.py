@@ -45,7 +45,7 @@ class RecommendSpec(BaseModel):
     max_quality_loss: float | None = Field(None, ge=0, le=10, description="Largest perplexity increase, as a fraction.")
     dataset: str = "builtin-qa"
     concurrency: tuple[int, ...] = Field((1, 2, 4, 8), min_length=1)
-    requests: int = Field(8, gt=0, le=100_000, description="Requests per level, at least 4 per concurrent user.")
+    requests: int = Field(8, gt=0, le=100_000, description="Requests per level, the same prompts at every level (at least 4 per user of the highest).")
     min_duration_s: float = Field(10.0, ge=0, le=3600)
     budget_minutes: float | None = Field(None, gt=0)
     recipes: tuple[str, ...] = ()  # the user's own recipe files, tried as candidates too
@@ -63,8 +63,8 @@ class RecommendSpec(BaseModel):
         and budget only rank and choose), and what the measurements depend on besides: the model's
         and the recipe files' contents, the machine, the engine and llmopt's release. A saved run is
         reused for none of those changed."""
-        measured = self.model_dump(mode="json", include={"model", "dataset", "concurrency", "requests", "min_duration_s"})
-        measured |= {
+        measured = {
+            "model": self.model, "plan": _plan(self).model_dump(mode="json"),  # how every level is loaded
             "content": source.content_hash,
             "recipes": [hashing.file_sha256(Path(r)) if Path(r).is_file() else r for r in self.recipes],
             "hardware": hardware.model_dump(mode="json", include={"device", "cpu_model", "cores", "cpu_flags", "gpu", "gpu_count"}),

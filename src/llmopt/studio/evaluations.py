@@ -39,7 +39,7 @@ class CreateEvaluation(BaseModel):
     compare: list[str] | None = Field(None, description="Models or artifacts to compare, deployed in turn (the first is the reference).")
     dataset: str = Field("builtin-qa", description="builtin-qa, builtin-coding, sharegpt, synthetic:IN,OUT, or an uploaded JSONL.")
     concurrency: list[int] = Field([1, 4], min_length=1, max_length=64)
-    requests: int | None = Field(16, description="Requests per level (at least 4 per concurrent user).")
+    requests: int | None = Field(16, description="Requests per level, the same prompts at every level (at least 4 per user of the highest).")
     duration_s: float | None = Field(None, description="Seconds per level instead of a request count.")
     min_duration_s: float = Field(30.0, description="With a request count, seconds each level runs at least.")
     hardware: str | None = Field(None, description="A hardware price profile (see /api/hardware).")

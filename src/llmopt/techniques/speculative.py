@@ -265,7 +265,8 @@ class SpeculativeTechnique(Technique):
             ctx.log.info("the sweep measures on %s; a JSONL of your own prompts (speculative.sweep.dataset) measures "
                          "where speculation pays on your work", dataset)
         plan = levels.Plan(dataset=dataset, concurrency=spec.sweep.concurrency, requests=spec.sweep.requests,
-                           min_duration_s=0, output_tokens=spec.sweep.output_tokens)
+                           min_duration_s=0, output_tokens=spec.sweep.output_tokens,
+                           equal_levels=False)  # with against without at each level: no level compares with another
         with served(ctx, str(ctx.workdir), ctx.engine.model_copy(update={"speculative": None}), "sweep-without") as run:
             lengths = None if spec.sweep.output_tokens else levels.natural_lengths(
                 run.server.url, run.running.served_name, str(ctx.workdir), plan)

@@ -1,0 +1,99 @@
+"""vLLM's CPU attention kernel alone, with SmolLM2-135M's shapes (9 query heads, 3 KV heads, head
+size 64, bf16 cache): seven decodes over 800-token contexts, one prompt's prefill, and both in one
+call as a mixed step carries them, on one and on two OpenMP threads. Whether a mixed step costs
+more than its parts (the kernel's scheduler splits work between threads by KV length, not by
+query count), and at what rate a prefill's attention runs against the machine's fp32 and bf16
+matmul rates.
+
+    .venv/bin/python benchmarks/cpu_attention.py
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import vllm._custom_ops as ops
+
+from llmopt.engine import platform
+
+RESULTS = Path(__file__).parent / "results" / "cpu_attention.json"
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 128
+DECODES, CONTEXT, PROMPTS = 7, 800, (256, 700, 1000)
+LAYERS, ROUNDS, CALLS = 30, 3, 40
+
+
+def attention_call(requests: list[tuple[int, int]], key_cache: torch.Tensor, value_cache: torch.Tensor,
+                   isa: str) -> Callable[[], None]:
+    """One attention call over `requests`, each (query tokens, sequence length), causal."""
+    starts = [0]
+    for queries, _ in requests:
+        starts.append(starts[-1] + queries)
+    seq_lens = torch.tensor([length for _, length in requests], dtype=torch.int32)
+    query_start = torch.tensor(starts, dtype=torch.int32)
+    blocks = [-(-length // BLOCK) for _, length in requests]
+    table = torch.zeros(len(requests), max(blocks), dtype=torch.int32)
+    first = 0
+    for row, count in enumerate(blocks):
+        table[row, :count] = torch.arange(first, first + count)
+        first += count
+    query = torch.randn(starts[-1], HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    out = torch.empty_like(query)
+    plan = ops.cpu_attn_get_scheduler_metadata(len(requests), HEADS, KV_HEADS, HEAD_DIM, seq_lens, torch.bfloat16,
+                                               query_start, True, -1, isa, True)
+    return lambda: ops.cpu_attention_with_kv_cache(query, key_cache, value_cache, out, query_start, seq_lens,
+                                                   HEAD_DIM ** -0.5, True, None, -1, table, 0.0, plan, None)
+
+
+def milliseconds(call: Callable[[], None]) -> float:
+    for _ in range(5):
+        call()
+    start = time.perf_counter()
+    for _ in range(CALLS):
+        call()
+    return (time.perf_counter() - start) / CALLS * 1e3
+
+
+def prefill_flops(tokens: int) -> float:
+    """QK^T and PV over the causal triangle, every query head."""
+    return 2 * 2 * (tokens * (tokens + 1) / 2) * HEAD_DIM * HEADS
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
+    cache = torch.randn(-(-DECODES * CONTEXT // BLOCK) + 16, KV_HEADS, BLOCK * 2, HEAD_DIM, dtype=torch.bfloat16)
+    key_cache, value_cache = cache.chunk(2, dim=2)
+    decodes = [(1, CONTEXT)] * DECODES
+    rows = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for prompt in PROMPTS:
+            cases = {"decodes": decodes, "prefill": [(prompt, prompt)], "mixed": decodes + [(prompt, prompt)]}
+            calls = {name: attention_call(reqs, key_cache, value_cache, isa) for name, reqs in cases.items()}
+            runs = {name: sorted(milliseconds(call) for _ in range(ROUNDS)) for name, call in calls.items()}
+            ms = {name: times[ROUNDS // 2] for name, times in runs.items()}
+            rows.append({"threads": threads, "prompt": prompt, "decodes_ms": round(ms["decodes"], 3),
+                         "prefill_ms": round(ms["prefill"], 3), "mixed_ms": round(ms["mixed"], 3),
+                         "mixed_over_parts": round(ms["mixed"] / (ms["decodes"] + ms["prefill"]), 3),
+                         "prefill_gflops": round(prefill_flops(prompt) / ms["prefill"] / 1e6, 1),
+                         "prefill_ms_all_layers": round(ms["prefill"] * LAYERS, 1)})
+    print(f"{'threads':>7} {'prompt':>6} {'decodes ms':>10} {'prefill ms':>10} {'mixed ms':>9} {'mixed/parts':>11} "
+          f"{'prefill GFLOP/s':>15} {'prefill, 30 layers':>18}")
+    for row in rows:
+        print(f"{row['threads']:>7} {row['prompt']:>6} {row['decodes_ms']:>10} {row['prefill_ms']:>10} "
+              f"{row['mixed_ms']:>9} {row['mixed_over_parts']:>11} {row['prefill_gflops']:>15} "
+              f"{row['prefill_ms_all_layers']:>15} ms")
+    hardware = platform.detect()
+    RESULTS.write_text(json.dumps({"processor": hardware.cpu_model, "cores": hardware.cores, "isa": isa,
+                                   "shapes": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block": BLOCK,
+                                              "decodes": DECODES, "context": CONTEXT},
+                                   "median_of": ROUNDS, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
