@@ -58,7 +58,8 @@ def main() -> None:
     manifest = artifact.load(job.artifact)
     sweep = manifest.metrics.speculative.sweep
     plan = levels.Plan(dataset=sweep.dataset, concurrency=tuple(r.concurrency for r in sweep.levels),
-                       requests=sweep.requests_per_level, min_duration_s=0, output_tokens=sweep.output_tokens)
+                       requests=sweep.requests_per_level, min_duration_s=0, output_tokens=sweep.output_tokens,
+                       equal_levels=False)  # as the job's sweep: each level its own prompts
     source = sources.resolve(model)
     engine = manifest.located_engine(Path(job.artifact)).model_copy(update={"speculative": None})
     without, lengths = _measure(source.id, source.path, plan, None, engine=engine)

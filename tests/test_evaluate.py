@@ -172,9 +172,10 @@ async def _salts_sent(version: str | None, levels: list[tuple[int, loadgen.RunSe
 
 
 def test_every_pass_gets_its_own_prefix_cache_salt_and_only_vllm_gets_one() -> None:
-    """A level's warm-up, and each pass over its prompts, get a salt of their own, and the next level
-    (or leg) others, so no request reuses a prompt cached before it; a server that is not vLLM, or
-    a vLLM too old to take the field, is sent none."""
+    """A level's warm-up, and each pass over its prompts (and over the workload's, when a pass sends
+    more than the workload has), get a salt of their own, and the next level (or leg) others, so no
+    request reuses a prompt cached before it; a server that is not vLLM, or a vLLM too old to take
+    the field, is sent none."""
     four = loadgen.RunSettings(requests_per_level=4)
     first, second = asyncio.run(_salts_sent("0.32.0", [(1, four), (2, four)]))
     assert len(first) == 5 and first[0].startswith("llmopt-") and first[0].endswith("-warmup")  # one warm-up, four measured
@@ -186,6 +187,8 @@ def test_every_pass_gets_its_own_prefix_cache_salt_and_only_vllm_gets_one() -> N
     assert len(passes) > 8 and len(passes) % 4 == 0  # past the level's time in whole passes: every level's work is alike
     assert all(passes[k] == passes[k - k % 4] for k in range(len(passes)))  # one salt a pass of four
     assert len(set(passes)) == (len(passes) + 3) // 4, passes  # and a new one for every pass
+    (longer,) = asyncio.run(_salts_sent("0.32.0", [(1, loadgen.RunSettings(requests_per_level=12, warmup_requests=0))]))
+    assert longer[:8] == [longer[0]] * 8 and longer[8:] == [longer[8]] * 4 and longer[8] != longer[0]  # 8 prompts, then again
 
 
 def test_natural_lengths_cover_every_prompt_and_replay_exactly(smol, tmp_path: Path) -> None:
@@ -223,14 +226,31 @@ def test_every_level_sends_the_same_prompts(smol, tmp_path: Path) -> None:
     try:
         plan = levels.Plan(dataset=str(jsonl), concurrency=(1, 4), requests=4, min_duration_s=0)
         equal = levels.measure(url, "stub", smol.path, plan)
+        alone = levels.measure(url, "stub", smol.path, plan, only=1)
         own = levels.measure(url, "stub", smol.path, plan.model_copy(update={"equal_levels": False}))
+        lengths = levels.natural_lengths(url, "stub", smol.path, plan)
     finally:
         proc.kill()
         proc.wait()
     low, high = (sorted(r.prompt for r in level.requests) for level in equal)
     assert low == high == list(range(4, 20))  # 4 per user of c=4, past c=4's warm-up, at c=1 too
+    assert [sorted(r.prompt for r in level.requests) for level in alone] == [low]  # one level alone: the plan's prompts
+    assert sorted(lengths) == list(range(20))  # the natural lengths of what the levels send, not of all 40
     assert sum(r.output_tokens for r in equal[0].requests) == sum(r.output_tokens for r in equal[1].requests)
     assert [sorted(r.prompt for r in level.requests) for level in own] == [list(range(1, 5)), list(range(4, 20))]
+
+
+def test_the_prompts_a_plan_sends() -> None:
+    """Warm-ups and measured prompts, at most what the workload has; a timed level may cycle
+    through all of them."""
+    from llmopt.evaluation import levels
+
+    plan = levels.Plan(concurrency=(1, 4), requests=4)
+    assert plan.prompts_sent(40) == 4 + 16 and plan.prompts_sent(10) == 10
+    assert plan.model_copy(update={"equal_levels": False}).prompts_sent(40) == 4 + 16  # c=4's own warm-up and 16
+    assert plan.model_copy(update={"equal_levels": False, "concurrency": (1, 2)}).prompts_sent(40) == 2 + 8
+    assert plan.model_copy(update={"warmup_requests": 0, "requests": 30}).prompts_sent(40) == 30
+    assert plan.model_copy(update={"duration_s": 5.0}).prompts_sent(40) == 40
 
 
 @pytest.fixture()

@@ -79,7 +79,7 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
     workloads.check(plan.dataset, tokenizer)
     results = EvaluationResults(
         created_at=time.time(), price=price,
-        settings=Settings(concurrency=list(plan.concurrency), requests_per_level=plan.requests, duration_s=plan.duration_s,
+        settings=Settings(concurrency=list(plan.concurrency), requests_per_level=plan.requests_at(max(plan.concurrency)), duration_s=plan.duration_s,
                           min_duration_s=plan.min_duration_s, timeout_s=plan.timeout_s, seed=plan.seed,
                           goodput_targets=plan.goodput),
     )

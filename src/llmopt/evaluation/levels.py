@@ -56,6 +56,17 @@ class Plan(BaseModel):
             return None
         return self.warmup_requests if self.warmup_requests is not None else max(self.concurrency)
 
+    def prompts_sent(self, available: int) -> int:
+        """How many of a workload's first prompts the levels send, warm-ups included (a level past
+        its minimum time repeats its own prompts; a timed level may cycle through all of them)."""
+        if self.duration_s is not None:
+            return available
+        first = self.first_request()
+        warmup = self.warmup_requests
+        ends = ((first if first is not None else warmup if warmup is not None else c) + (self.requests_at(c) or 0)
+                for c in self.concurrency)
+        return min(available, max(ends))
+
     def workload(self, counter: TokenCounter | None) -> workloads.Workload:
         count = max(self.requests or 64, REQUESTS_PER_USER * max(self.concurrency)) + max(self.concurrency)  # + warm-up
         work = workloads.load(self.dataset, seed=self.seed, count=count, tokenizer=counter.tokenizer if counter else None)
@@ -64,10 +75,11 @@ class Plan(BaseModel):
 
 def run(url: str, served_name: str, work: workloads.Workload, counter: TokenCounter | None, plan: Plan,
         price: pricing.HardwareProfile, headers: dict[str, str] | None = None, label: str = "",
-        events: Events = lambda *a, **k: None) -> list[Level]:
-    """Every level of the plan in turn; stops after a level that was aborted (the server went away)."""
+        events: Events = lambda *a, **k: None, only: int | None = None) -> list[Level]:
+    """Every level of the plan in turn (or `only` that one, with the prompts the whole plan gives
+    it); stops after a level that was aborted (the server went away)."""
     found = []
-    for level in plan.concurrency:
+    for level in plan.concurrency if only is None else (only,):
         settings = loadgen.RunSettings(plan.requests_at(level), plan.duration_s, plan.warmup_requests, plan.timeout_s,
                                        0.0 if plan.duration_s is not None else plan.min_duration_s, plan.first_request())
         events("level", target=label, concurrency=level, total=plan.requests_at(level))
@@ -99,8 +111,8 @@ def measure(url: str, served_name: str, tokenizer_path: str, plan: Plan, headers
     give it: equal work with that run."""
     counter = TokenCounter.from_path(tokenizer_path)
     work = plan.workload(counter)
-    chosen = plan if only is None else plan.model_copy(update={"concurrency": (only,)})
-    return _completed(url, served_name, work if lengths is None else work.with_lengths(lengths), counter, chosen, headers)
+    return _completed(url, served_name, work if lengths is None else work.with_lengths(lengths), counter, plan, headers,
+                      only=only)
 
 
 def natural_lengths(url: str, served_name: str, tokenizer_path: str, plan: Plan,
@@ -115,14 +127,15 @@ def natural_lengths(url: str, served_name: str, tokenizer_path: str, plan: Plan,
 def natural_lengths_of(url: str, served_name: str, work: workloads.Workload, counter: TokenCounter, plan: Plan,
                        headers: dict[str, str] | None = None, events: Events = lambda *a, **k: None) -> dict[int, int]:
     """`natural_lengths` for a caller that has already built the plan's workload and its tokenizer."""
-    every = plan.model_copy(update={"concurrency": (max(plan.concurrency),), "requests": len(work.requests),
+    every = plan.model_copy(update={"concurrency": (max(plan.concurrency),), "requests": plan.prompts_sent(len(work.requests)),
                                     "duration_s": None, "min_duration_s": 0.0, "warmup_requests": 0})
     return output_lengths(_completed(url, served_name, work, counter, every, headers, "natural lengths", events))
 
 
 def _completed(url: str, served_name: str, work: workloads.Workload, counter: TokenCounter, plan: Plan,
-               headers: dict[str, str] | None, label: str = "", events: Events = lambda *a, **k: None) -> list[Level]:
-    found = run(url, served_name, work, counter, plan, pricing.choose(None, None, None), headers, label, events)
+               headers: dict[str, str] | None, label: str = "", events: Events = lambda *a, **k: None,
+               only: int | None = None) -> list[Level]:
+    found = run(url, served_name, work, counter, plan, pricing.choose(None, None, None), headers, label, events, only)
     if aborted := next((level.aborted for level in found if level.aborted), None):
         raise LlmoptError(f"load test against {url} aborted: {aborted}", "see the engine log")
     return found

@@ -6,10 +6,12 @@ never the bottleneck (benchmarks/loadgen_client.py drives a stub stream at well 
 tokens/s on two cores).
 
 Every request is prefilled as new. vLLM keeps prompts it has seen, and a level replays its prompts
-(its warm-up's too, and each pass when a level outlasts one), as later levels and legs do; without
-a fresh `cache_salt` for the warm-up and for each pass of each level, a leg replaying them measured
-cached prefill (time to first token 50 ms instead of 300 ms on SmolLM2) and compared unlike work.
-Prompts of one pass still share what they have in common (a system prompt), as they would live.
+(its warm-up's too, each pass when a level outlasts one, and a workload's prompts within one pass
+when the level sends more than the workload has), as later levels and legs do; without a fresh
+`cache_salt` for the warm-up and for each of those passes, a leg replaying them measured cached
+prefill (time to first token 50 ms instead of 300 ms on SmolLM2) and compared unlike work. Prompts
+of one pass still share what they have in common (a system prompt), as they would live. A server
+that takes no salt (not vLLM, or a vLLM before 0.11) serves repeated prompts from its cache.
 """
 
 from __future__ import annotations
@@ -180,6 +182,11 @@ async def run_level(url: str, model: str, workload: Workload, concurrency: int, 
 
         floor = started + settings.min_duration_s
 
+        def _sending(index: int) -> str:
+            """Which pass over the plan, and within it which pass over the workload's prompts: a
+            plan longer than the workload sends a prompt again within one pass, as new."""
+            return f"{index // len(plan)}.{(first + index % len(plan)) // len(workload.requests)}"
+
         async def user() -> None:
             nonlocal next_index, aborted
             while aborted is None:
@@ -190,7 +197,7 @@ async def run_level(url: str, model: str, workload: Workload, concurrency: int, 
                     return  # at the end of a pass: every level's work is whole passes over the same prompts
                 index = next_index
                 next_index += 1
-                body = request_body(model, plan[index % len(plan)], workload, salt and f"{salt}-{index // len(plan)}")
+                body = request_body(model, plan[index % len(plan)], workload, salt and f"{salt}-{_sending(index)}")
                 record = await _send(session, url, body, index, settings.timeout_s)
                 records.append(record)
                 if on_done is not None:

@@ -224,7 +224,7 @@ class GoodputTargets(_Result):
 
 class Settings(_Result):
     concurrency: list[int]
-    requests_per_level: int | None
+    requests_per_level: int | None  # what every level sends at least (levels past their minimum time send whole passes more)
     duration_s: float | None
     min_duration_s: float
     timeout_s: float

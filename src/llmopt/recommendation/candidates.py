@@ -97,13 +97,21 @@ def _cache_bounds_concurrency(config: dict, concurrency: int, context_tokens: in
     return EngineConfig().kv_cache_gib * 2**30 // per_token < concurrency * context_tokens
 
 
-def estimate_seconds(candidate: dict, source: Model, hardware: Hardware, levels: int, level_seconds: float) -> float:
+def estimate_seconds(candidate: dict, source: Model, hardware: Hardware, level_requests: dict[int, int],
+                     min_level_s: float) -> float:
     """A candidate's time on this machine from the model's size: quantizing (llm-compressor on the
     CPU), the job's measuring engine and the evaluation's (compiled once, then from the compile
-    cache), and the load at every level. Rough, for choosing what fits a budget."""
+    cache), and the load at every level: its requests, at about 0.5 s plus 2.5 s per gigabyte of
+    weights each on two cores (a QA request on SmolLM2-135M took about 1 s alone, on the 1.5B
+    about 8), served c at a time about c**0.4 times as fast (prefills batch poorly on a CPU).
+    Rough, for choosing what fits a budget."""
     gigabytes = source.size_bytes / 1e9
     slowdown = 2 / max(hardware.cores, 1)
     cold_start, warm_start = 60 + 40 * gigabytes, 30 + 20 * gigabytes
     quantize = {"smoothquant": 330, "awq": 1000, "fp8": 20}.get((candidate.get("quantization") or {}).get("method", ""), 0)
-    seconds = (quantize * gigabytes + cold_start) * slowdown + warm_start + levels * level_seconds
-    return round(seconds + (60 if candidate["name"] == "bf16" else 0), 0)  # the source's own numbers, measured once
+    request_s = (0.5 + 2.5 * gigabytes) * slowdown
+    load = sum(max(min_level_s, n * request_s / c ** 0.4) for c, n in level_requests.items())
+    seconds = (quantize * gigabytes + cold_start) * slowdown + warm_start + load
+    if candidate["name"] == "bf16":  # the reference's natural lengths: one pass at the highest level
+        seconds += max(level_requests.values()) * request_s / max(level_requests) ** 0.4
+    return round(seconds, 0)  # the source's own numbers, measured once

@@ -117,13 +117,13 @@ def start(spec: RecommendSpec) -> Recommendation:
         return previous.model_copy(update={"spec": spec, "finished_at": None})
     plan = _plan(spec)
     found, excluded = candidate_recipes.build(source, hardware, spec.concurrency, list(spec.recipes))
-    level_seconds = max(spec.min_duration_s, 10.0)
+    level_requests = {c: plan.requests_at(c) or 0 for c in plan.concurrency}
     return Recommendation(
         id=run_id, spec=spec, hardware=hardware, price=pricing.for_hardware(hardware),
         engine=" ".join(vllm.engine_name_version()), started_at=time.time(), excluded=excluded,
         candidates=[Candidate(name=c["name"], recipe={k: v for k, v in c.items() if k != "name"},
-                              estimate_s=candidate_recipes.estimate_seconds(c, source, hardware, len(plan.concurrency) + 1,
-                                                                            level_seconds))
+                              estimate_s=candidate_recipes.estimate_seconds(c, source, hardware, level_requests,
+                                                                            spec.min_duration_s))
                     for c in found],
     )
 

@@ -34,7 +34,7 @@ class CreateRecommendation(BaseModel):
     max_quality_loss: float | None = Field(None, description="Largest perplexity increase allowed, as a fraction.")
     dataset: str = Field("builtin-qa", description="builtin-qa, builtin-coding, sharegpt, synthetic:IN,OUT or a JSONL path.")
     concurrency: list[int] = Field([1, 2, 4, 8], min_length=1, max_length=64)
-    requests: int = Field(8, description="Requests per level (at least 4 per concurrent user).")
+    requests: int = Field(8, description="Requests per level (at least 4 per user of the highest level; every level sends the same).")
     min_duration_s: float = Field(10.0, description="Seconds each level runs at least.")
     budget_minutes: float | None = Field(None, description="Drop the most expensive candidates to fit this budget.")
 
