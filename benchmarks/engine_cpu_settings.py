@@ -10,7 +10,8 @@ pinning (`KMP_AFFINITY` as its CPU worker sets it) given to the whole server, an
 every thread but the model's main one set back to every core once the server is ready; and
 OpenMP's spin before sleeping (`KMP_BLOCKTIME`) at 0 and 200 ms against vLLM's 5; and streaming
 8 or 32 tokens a chunk (`stream_interval`) instead of every token; and the engine core spawned
-as vLLM does it rather than forked from the API server. Each row
+as vLLM does it rather than forked from the API server; and torch's gloo threads, which poll every
+10 ms, in Linux's idle scheduling class. Each row
 records which cores each server thread may run on. Decode speed at batch 1 and 8 with fixed
 lengths (64 in, 128 out, end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json;
 given row labels and --repeat N, takes those rows in turn N times and reports medians
@@ -65,6 +66,9 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     # the engine core spawned as vLLM does it, instead of forked from the API server (llmopt.engine.serve)
     "llmopt, engine core spawned": (LLMOPT, {SPAWNED_CORE_ENV: "1"}, None),
     "llmopt, every thread freed once ready": (LLMOPT, {}, lambda pid: free_threads(pid, False)),
+    # torch's gloo process groups (13 for one device) each poll their sockets every 10 ms from a
+    # thread of their own, and every wake-up takes a core from one of the model's two threads
+    "llmopt, gloo's polling threads idle-class": (LLMOPT, {}, lambda pid: idle_threads(pid, "gloo_tcp_loop")),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
 
@@ -98,6 +102,15 @@ def free_threads(pid: int, pin_model_main: bool) -> None:
                 os.sched_setaffinity(thread.id, CORES[:1] if pin_model_main and thread.id == engine_core else CORES)
             except ProcessLookupError:  # a thread that ended meanwhile
                 continue
+
+
+def idle_threads(pid: int, name: str) -> None:
+    """The engine core's threads of this name in Linux's idle scheduling class: they run only on a
+    core nothing else wants."""
+    core = server_pids(pid)["engine core"]
+    for task in Path(f"/proc/{core}/task").iterdir():
+        if (task / "comm").read_text().strip() == name:
+            os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
 
 
 def renice_api_server(pid: int, niceness: int) -> None:

@@ -9,10 +9,17 @@ and 256 rows (decode at batch 1 and 16, a prefill chunk), with the largest diffe
 fp32 reference relative to its largest value. Runs itself again in the environment llmopt gives the
 engine here (tcmalloc and Intel OpenMP preloaded, its OpenMP threads). Writes
 benchmarks/results/linear_kernels.json.
+
+With `--zentorch` (AMD processors; needs `pip install zentorch==2.13.0.2`, AMD's ZenDNN plugin for
+this torch), bf16 layers also run on `zentorch_linear_unary` with prepacked weights, what vLLM's
+`ZenCpuPlatform` gives every unquantized layer once zentorch can be imported, at 1, 8 and 16 rows
+(results/linear_kernels_zentorch.json). Uninstall it afterwards: vLLM switches platform whenever it
+is importable.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import sys
@@ -46,7 +53,7 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return round(((out.float() - ref).abs().max() / ref.abs().max()).item(), 4)
 
 
-def bf16(m: int, n: int, k: int) -> dict[str, float]:
+def bf16(m: int, n: int, k: int, zentorch: bool = False) -> dict[str, float]:
     from vllm import _custom_ops as ops
 
     copies = max(1, int(COLD_BYTES // (n * k * 2)))
@@ -55,10 +62,42 @@ def bf16(m: int, n: int, k: int) -> dict[str, float]:
     handlers = [ops.create_onednn_mm(w.t(), 32) for w in weights]
     packed = [torch.ops._C.convert_weight_packed(w) for w in weights]
     ref = x.float() @ weights[0].float().t()
-    return {"onednn_s": _time(lambda i: ops.onednn_mm(handlers[i], x, None), copies),
-            "packed_s": _time(lambda i: ops.weight_packed_linear_cpu(x, packed[i], n, None), copies),
-            "onednn_error": _error(ops.onednn_mm(handlers[0], x, None), ref),
-            "packed_error": _error(ops.weight_packed_linear_cpu(x, packed[0], n, None), ref), "weight_bytes": n * k * 2}
+    found = {"onednn_s": _time(lambda i: ops.onednn_mm(handlers[i], x, None), copies),
+             "packed_s": _time(lambda i: ops.weight_packed_linear_cpu(x, packed[i], n, None), copies),
+             "onednn_error": _error(ops.onednn_mm(handlers[0], x, None), ref),
+             "packed_error": _error(ops.weight_packed_linear_cpu(x, packed[0], n, None), ref), "weight_bytes": n * k * 2}
+    if zentorch:
+        zen = [torch.ops.zentorch.zentorch_weight_prepack_for_linear(w) for w in weights]
+
+        def zen_mm(i: int) -> torch.Tensor:
+            return torch.ops.zentorch.zentorch_linear_unary(x, zen[i], None, is_weight_prepacked=True)
+
+        found |= {"zentorch_s": _time(zen_mm, copies), "zentorch_error": _error(zen_mm(0), ref)}
+    return found
+
+
+def zentorch_rows() -> list[dict]:
+    """bf16 layers on ZenDNN against the packed kernels, and a whole decode step's linear layers
+    (30 of each layer, one lm_head) at each row count."""
+    import zentorch  # noqa: F401  (registers torch.ops.zentorch)
+
+    rows = []
+    print(f"{'rows':>4} {'layer':<13} {'packed us':>10} {'GB/s':>6} {'zentorch us':>12} {'GB/s':>6} {'speed-up':>9}")
+    for m in (1, 8, 16):
+        step = {"packed_s": 0.0, "zentorch_s": 0.0}
+        for layer, (n, k) in SHAPES.items():
+            row = {"dtype": "bf16", "rows": m, "layer": layer, "n": n, "k": k, **bf16(m, n, k, zentorch=True)}
+            row["speedup"] = round(row["packed_s"] / row["zentorch_s"], 3)
+            rows.append(row)
+            for kind in step:
+                step[kind] += row[kind] * (1 if layer == "lm_head" else 30)
+            print(f"{m:>4} {layer:<13} {row['packed_s'] * 1e6:>10.1f} {row['weight_bytes'] / row['packed_s'] / 1e9:>6.1f} "
+                  f"{row['zentorch_s'] * 1e6:>12.1f} {row['weight_bytes'] / row['zentorch_s'] / 1e9:>6.1f} "
+                  f"{row['speedup']:>8.2f}x", flush=True)
+        rows.append({"rows": m, "layer": "a decode step", **step, "speedup": round(step["packed_s"] / step["zentorch_s"], 3)})
+        print(f"{m:>4} {'a decode step':<13} {step['packed_s'] * 1e3:>9.2f}ms {'':>6} {step['zentorch_s'] * 1e3:>11.2f}ms "
+              f"{'':>6} {rows[-1]['speedup']:>8.2f}x", flush=True)
+    return rows
 
 
 def int8(m: int, n: int, k: int) -> dict[str, float]:
@@ -93,9 +132,14 @@ def main() -> None:
         raise SystemExit(f"{hw.cpu_model} lacks AVX-512 BF16 or VNNI: vLLM's packed kernels do not run here")
     engine_env = vllm.environment(EngineConfig(), hw)
     if any(os.environ.get(name) != value for name, value in engine_env.items()):
-        os.execve(sys.executable, [sys.executable, __file__], os.environ | engine_env)
-    rows = []
+        os.execve(sys.executable, [sys.executable, *sys.argv], os.environ | engine_env)
     print(f"{hw.cpu_model}, {torch.get_num_threads()} threads, flags {' '.join(hw.cpu_flags)}")
+    if "--zentorch" in sys.argv[1:]:
+        (Path(__file__).parent / "results" / "linear_kernels_zentorch.json").write_text(json.dumps(
+            {"cpu": hw.cpu_model, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,
+             "zentorch": importlib.metadata.version("zentorch"), "rows": zentorch_rows()}, indent=2))
+        return
+    rows = []
     print(f"{'dtype':<6} {'rows':>4} {'layer':<13} {'oneDNN us':>10} {'GB/s':>6} {'packed us':>10} {'GB/s':>6} {'speed-up':>9}")
     for dtype, measure in (("bf16", bf16), ("int8", int8)):
         for m in ROWS:
