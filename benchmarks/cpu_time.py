@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 from unittest import mock
 
-import psutil
-
 import llmopt
 from decode_profile import server_pids
 from engine_cpu_settings import LLMOPT, ROWS

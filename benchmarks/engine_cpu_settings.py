@@ -4,8 +4,9 @@ Deployments of SmolLM2-135M on this machine: vLLM's defaults (one core reserved 
 end, nothing preloaded, the model in a worker process of its own), no core reserved, tcmalloc and
 Intel OpenMP preloaded too, llmopt's choice (all of that, with the model run inside the
 engine-core process instead of a worker process that busy-waits against it, and vLLM's packed-weight
-linear kernels on processors without AMX), llmopt's choice with vLLM's own linear kernels (oneDNN
-there), and llmopt's choice with one model thread instead of two. Then thread placement on llmopt's choice: vLLM's own
+linear kernels on processors without AMX, with llmopt's small-batch kernel), llmopt's choice with
+vLLM's own linear kernels (oneDNN there) or with vLLM's packed kernels alone, and llmopt's choice with
+one model thread instead of two. Then thread placement on llmopt's choice: vLLM's own
 pinning (`KMP_AFFINITY` as its CPU worker sets it) given to the whole server, and the same with
 every thread but the model's main one set back to every core once the server is ready; and
 OpenMP's spin before sleeping (`KMP_BLOCKTIME`) at 0 and 200 ms against vLLM's 5; and streaming
@@ -48,6 +49,8 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     "llmopt (0 reserved, preload, no worker)": (LLMOPT, {}, None),
     # vLLM's choice of linear kernels (oneDNN on AVX-512 without AMX) instead of its packed-weight ones
     "llmopt, vLLM's linear kernels": (LLMOPT.model_copy(update={"linear_kernels": "vllm"}), {}, None),
+    # vLLM's packed-weight kernels alone, without llmopt's small-batch kernel for 1 to 16 rows
+    "llmopt, vLLM's packed kernels alone": (LLMOPT.model_copy(update={"linear_kernels": "packed"}), {}, None),
     # one OpenMP thread: the model's threads no longer wait at each parallel loop's barrier for a
     # thread the front end has taken the other core from
     "one model thread (1 reserved, preload, no worker)": (LLMOPT.model_copy(update={"reserved_cpus": 1}), {}, None),
@@ -122,10 +125,11 @@ def renice_api_server(pid: int, niceness: int) -> None:
             continue
 
 
-def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], once_ready: Callable[[int], None] | None) -> dict:
+def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], once_ready: Callable[[int], None] | None,
+                       model: str = "smollm2-135m-instruct") -> dict:
     chosen = vllm.environment
     with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):  # over what llmopt sets
-        with llmopt.deploy("smollm2-135m-instruct", engine=engine) as endpoint:
+        with llmopt.deploy(model, engine=engine) as endpoint:
             if once_ready:
                 once_ready(endpoint.pid)
             row = {"config": label, "env": endpoint.environment, "ready_s": round(endpoint.seconds_to_ready, 1),
@@ -145,9 +149,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="take the rows in turn this many times (medians reported)")
     parser.add_argument("--out", help="the results file's name in results/ (default: engine_cpu_settings.json for every "
                                       "row once, engine_cpu_settings_repeat.json otherwise)")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="an imported model or catalogue id")
     args = parser.parse_args()
     labels = args.rows or list(ROWS)
-    rows = [deploy_and_measure(label, *ROWS[label]) for _ in range(args.repeat) for label in labels]
+    rows = [deploy_and_measure(label, *ROWS[label], model=args.model) for _ in range(args.repeat) for label in labels]
     base = rows[0]
     print(f"{'config':<50} {'ready s':>8} {'tok/s b1':>9} {'x':>6} {'tok/s b8':>9} {'x':>6}")
     for row in rows:
@@ -165,7 +170,7 @@ def main() -> None:
     out = Path(__file__).parent / "results" / (args.out or ("engine_cpu_settings.json" if not args.rows and args.repeat == 1
                                                             else "engine_cpu_settings_repeat.json"))
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"model": "smollm2-135m-instruct", "workload": "synthetic:64,128", "cores": CORES, "rows": rows,
+    out.write_text(json.dumps({"model": args.model, "workload": "synthetic:64,128", "cores": CORES, "rows": rows,
                                "medians": medians}, indent=2))
 
 

@@ -1,6 +1,8 @@
 """vLLM's two CPU linear kernels side by side, on SmolLM2-135M's layer shapes: oneDNN (what vLLM
 gives every layer without AMX) against its packed-weight kernels (`weight_packed_linear` for bf16,
-`int8_scaled_mm_with_quant` for int8; what llmopt gives them there, `EngineConfig.linear_kernels`).
+`int8_scaled_mm_with_quant` for int8; what llmopt gives them there, `EngineConfig.linear_kernels`),
+and for bf16 llmopt's small-batch kernel over the same packed weights (`small_batch_linear`, built
+if it is not yet), which stands in for vLLM's up to 16 rows. `--out NAME` writes results/NAME instead.
 
 Weights are cold, as in a decode step that streams the whole model: each shape gets enough
 distinct weight copies to fill 300 MB (ten times this machine's last-level cache) and the copies
@@ -29,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from llmopt.engine import platform, vllm
+from llmopt.engine import platform, small_batch_linear, vllm
 from llmopt.engine.config import EngineConfig
 
 SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576), "down_proj": (576, 1536),
           "lm_head": (49152, 576)}  # (N, K) of SmolLM2-135M
-ROWS = (1, 16, 256)
+ROWS = (1, 8, 16, 256)
 COLD_BYTES = 300e6
 ROUNDS = 3
 
@@ -53,6 +55,12 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return round(((out.float() - ref).abs().max() / ref.abs().max()).item(), 4)
 
 
+def small_batch(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    out = torch.empty((x.shape[0], n), dtype=x.dtype)
+    torch.ops.llmopt.small_batch_linear(out, x, packed, None)
+    return out
+
+
 def bf16(m: int, n: int, k: int, zentorch: bool = False) -> dict[str, float]:
     from vllm import _custom_ops as ops
 
@@ -66,6 +74,9 @@ def bf16(m: int, n: int, k: int, zentorch: bool = False) -> dict[str, float]:
              "packed_s": _time(lambda i: ops.weight_packed_linear_cpu(x, packed[i], n, None), copies),
              "onednn_error": _error(ops.onednn_mm(handlers[0], x, None), ref),
              "packed_error": _error(ops.weight_packed_linear_cpu(x, packed[0], n, None), ref), "weight_bytes": n * k * 2}
+    if m <= 16:
+        found |= {"llmopt_s": _time(lambda i: small_batch(x, packed[i], n), copies),
+                  "llmopt_error": _error(small_batch(x, packed[0], n), ref)}
     if zentorch:
         zen = [torch.ops.zentorch.zentorch_weight_prepack_for_linear(w) for w in weights]
 
@@ -134,23 +145,34 @@ def main() -> None:
     if any(os.environ.get(name) != value for name, value in engine_env.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], os.environ | engine_env)
     print(f"{hw.cpu_model}, {torch.get_num_threads()} threads, flags {' '.join(hw.cpu_flags)}")
+    small_batch_linear.load(small_batch_linear.build())
     if "--zentorch" in sys.argv[1:]:
         (Path(__file__).parent / "results" / "linear_kernels_zentorch.json").write_text(json.dumps(
             {"cpu": hw.cpu_model, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,
              "zentorch": importlib.metadata.version("zentorch"), "rows": zentorch_rows()}, indent=2))
         return
     rows = []
-    print(f"{'dtype':<6} {'rows':>4} {'layer':<13} {'oneDNN us':>10} {'GB/s':>6} {'packed us':>10} {'GB/s':>6} {'speed-up':>9}")
+    print(f"{'dtype':<6} {'rows':>4} {'layer':<13} {'oneDNN us':>10} {'GB/s':>6} {'packed us':>10} {'GB/s':>6} {'speed-up':>9} "
+          f"{'llmopt us':>10} {'over packed':>12}")
     for dtype, measure in (("bf16", bf16), ("int8", int8)):
         for m in ROWS:
             for layer, (n, k) in SHAPES.items():
                 row = {"dtype": dtype, "rows": m, "layer": layer, "n": n, "k": k, **measure(m, n, k)}
                 row["speedup"] = round(row["onednn_s"] / row["packed_s"], 3)
+                if "llmopt_s" in row:
+                    row["llmopt_over_packed"] = round(row["packed_s"] / row["llmopt_s"], 3)
                 rows.append(row)
                 gbs = [row["weight_bytes"] / row[f"{kind}_s"] / 1e9 for kind in ("onednn", "packed")]
+                ours = f"{row['llmopt_s'] * 1e6:>10.1f} {row['llmopt_over_packed']:>11.2f}x" if "llmopt_s" in row else ""
                 print(f"{dtype:<6} {m:>4} {layer:<13} {row['onednn_s'] * 1e6:>10.1f} {gbs[0]:>6.1f} "
-                      f"{row['packed_s'] * 1e6:>10.1f} {gbs[1]:>6.1f} {row['speedup']:>8.2f}x", flush=True)
-    out = Path(__file__).parent / "results" / "linear_kernels.json"
+                      f"{row['packed_s'] * 1e6:>10.1f} {gbs[1]:>6.1f} {row['speedup']:>8.2f}x {ours}", flush=True)
+    for m in ROWS:  # a decode step's bf16 linear layers: 30 of each layer, one lm_head
+        step = {kind: sum(r[f"{kind}_s"] * (1 if r["layer"] == "lm_head" else 30) for r in rows
+                          if r["dtype"] == "bf16" and r["rows"] == m and f"{kind}_s" in r) for kind in ("onednn", "packed", "llmopt")}
+        rows.append({"dtype": "bf16", "rows": m, "layer": "a decode step", **{f"{k}_s": v for k, v in step.items() if v}})
+        print(f"bf16   {m:>4} a decode step: oneDNN {step['onednn'] * 1e3:.2f} ms, packed {step['packed'] * 1e3:.2f} ms"
+              + (f", llmopt {step['llmopt'] * 1e3:.2f} ms ({step['packed'] / step['llmopt']:.2f}x packed)" if step["llmopt"] else ""))
+    out = Path(__file__).parent / "results" / (sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "linear_kernels.json")
     out.write_text(json.dumps({"cpu": hw.cpu_model, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(),
                                "cold_bytes": COLD_BYTES, "rows": rows}, indent=2))
 

@@ -5,9 +5,10 @@ environment llmopt chooses here (its OpenMP threads, preloads and linear kernels
 Also times plain steps without the profiler (best of three generate calls of 128 tokens) and,
 for the linear layers, the weight bytes they stream per second and the multiply-adds they do per
 second: at batch 1 they are bound by memory, at batch 8 by the kernel's arithmetic. Writes
-benchmarks/results/step_profile.json.
+benchmarks/results/step_profile.json; with `--kernels packed|llmopt|vllm` (unset: llmopt's choice
+here), that linear-kernel choice (`EngineConfig.linear_kernels`) into step_profile_<kernels>.json.
 
-    .venv/bin/python benchmarks/step_profile.py
+    .venv/bin/python benchmarks/step_profile.py [--kernels K]
 """
 
 from __future__ import annotations
@@ -19,16 +20,16 @@ import time
 from pathlib import Path
 
 from llmopt import EngineConfig, roofline, sources
-from llmopt.engine import platform, vllm
+from llmopt.engine import platform, small_batch_linear, vllm
 
 MODEL = "smollm2-135m-instruct"
 BATCHES = (1, 8)
 PROFILED_STEPS = 32
 RESULTS = Path(__file__).parent / "results" / "step_profile.json"
-LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_with_quant")
+LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_with_quant", "llmopt::small_batch_linear")
 
 
-def main() -> None:
+def main(kernels: str | None) -> None:
     import torch
     from vllm import LLM, SamplingParams
 
@@ -36,6 +37,8 @@ def main() -> None:
 
     if os.environ.get(platform.PACKED_LINEAR_ENV) == "1":
         serve._packed_linear_kernels()
+    if os.environ.get(small_batch_linear.LIBRARY_ENV):
+        small_batch_linear.load(small_batch_linear.build())
     folder = Path(sources.resolve(MODEL).path)
     traffic = roofline.traffic(folder)
     llm = LLM(str(folder), max_model_len=2048, seed=0)
@@ -71,13 +74,22 @@ def main() -> None:
         for r in rows:
             print(f"  {r['op'][:46]:<46} {r['ms_a_step']:>7.3f} ms {r['calls_a_step']:>7.1f} calls {r['share']:>6.1%}")
     hw = platform.detect()
-    RESULTS.write_text(json.dumps({"processor": hw.cpu_model, "cores": hw.cores, "model": MODEL,
-                                   "weights_read_per_token_bytes": traffic.weights_bytes, "profiles": found}, indent=2) + "\n")
-    print(f"\nwrote {RESULTS}")
+    out = RESULTS.with_name(f"step_profile_{kernels}.json") if kernels else RESULTS
+    out.write_text(json.dumps({"processor": hw.cpu_model, "cores": hw.cores, "model": MODEL,
+                               "linear_kernels": vllm.linear_kernels(EngineConfig(linear_kernels=kernels), hw),
+                               "weights_read_per_token_bytes": traffic.weights_bytes, "profiles": found}, indent=2) + "\n")
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":
-    engine_env = vllm.environment(EngineConfig(max_model_len=2048), platform.detect())
-    if any(os.environ.get(name) != value for name, value in engine_env.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], os.environ | engine_env | {"TQDM_DISABLE": "1"})
-    main()
+    chosen = sys.argv[sys.argv.index("--kernels") + 1] if "--kernels" in sys.argv else None
+    engine_env = vllm.environment(EngineConfig(max_model_len=2048, linear_kernels=chosen), platform.detect())
+    unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.LIBRARY_ENV) if name not in engine_env]
+    if any(os.environ.get(name) != value for name, value in engine_env.items()) or any(n in os.environ for n in unset):
+        clean = {k: v for k, v in os.environ.items() if k not in unset}
+        # compiled code of its own for each choice: the kernels are ops in the graph, and vLLM's key for
+        # its saved model does not know them (llmopt's compile cache does, `compile_cache.components`)
+        cache = Path.home() / ".cache" / "llmopt-step-profile" / vllm.linear_kernels(EngineConfig(linear_kernels=chosen), platform.detect())
+        os.execve(sys.executable, [sys.executable, *sys.argv], clean | engine_env | {
+            "TQDM_DISABLE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
+    main(chosen)

@@ -16,7 +16,7 @@ import pytest
 
 import llmopt
 from llmopt import client, endpoints, procs
-from llmopt.engine import platform, vllm
+from llmopt.engine import platform, small_batch_linear, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -126,12 +126,21 @@ def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, e
 
 @pytest.mark.engine
 def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> None:
-    """Without AMX, vLLM's packed-weight kernels (the engine's log says so); with it, vLLM's choice."""
+    """Without AMX, vLLM's packed-weight kernels (the engine's log says so), with llmopt's small-batch
+    kernel where it is built (loaded in the engine core, where the model runs); with AMX, vLLM's choice."""
     hw = platform.detect()
-    packed = vllm.linear_kernels(EngineConfig(), hw) == "packed"
+    chosen = vllm.linear_kernels(EngineConfig(), hw)
+    packed = chosen in ("packed", "llmopt")
     assert (platform.PACKED_LINEAR_ENV in llmopt.get_endpoint(endpoint.name).environment) == packed
-    said = [line for line in Path(endpoint.log_path).read_text().splitlines() if "packed-weight linear kernels" in line]
+    log = Path(endpoint.log_path).read_text().splitlines()
+    said = [line for line in log if "packed-weight linear kernels" in line]
     assert len(said) == packed and all(line.startswith("(EngineCore") for line in said), said
+    server = psutil.Process(llmopt.get_endpoint(endpoint.name).pid)
+    core = next(p for p in [server, *server.children(recursive=True)] if "EngineCore" in p.name() + " ".join(p.cmdline()))
+    mapped = {Path(m.path).name for m in core.memory_maps(grouped=False)}
+    assert (small_batch_linear.library_path().name in mapped) == (chosen == "llmopt"), chosen
+    said = [line for line in log if "small-batch bf16 linear kernel" in line]
+    assert len(said) == (chosen == "llmopt") and all(line.startswith("(EngineCore") for line in said), said
 
 
 @pytest.mark.engine
@@ -168,24 +177,32 @@ def test_a_forked_engine_core_gets_the_inductor_options_a_spawned_one_reads_at_i
 AVX512 = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512f")
 
 
-@pytest.mark.parametrize("flags, engine, expected", [
-    (AVX512, EngineConfig(), "packed"),
-    ((*AVX512, "amx_bf16", "amx_int8", "amx_tile"), EngineConfig(), "vllm"),
-    (AVX512, EngineConfig(linear_kernels="vllm"), "vllm"),
-    ((*AVX512, "amx_tile"), EngineConfig(linear_kernels="packed"), "packed"),
-    (("avx2",), EngineConfig(), "vllm"),
+@pytest.mark.parametrize("flags, engine, built, expected", [
+    (AVX512, EngineConfig(), True, "llmopt"),
+    (AVX512, EngineConfig(), False, "packed"),
+    ((*AVX512, "amx_bf16", "amx_int8", "amx_tile"), EngineConfig(), True, "vllm"),
+    (AVX512, EngineConfig(linear_kernels="vllm"), True, "vllm"),
+    (AVX512, EngineConfig(linear_kernels="packed"), True, "packed"),
+    ((*AVX512, "amx_tile"), EngineConfig(linear_kernels="packed"), False, "packed"),
+    (("avx2",), EngineConfig(), True, "vllm"),
 ])
-def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], engine: EngineConfig, expected: str) -> None:
+def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], engine: EngineConfig, built: bool,
+                                                      expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(small_batch_linear, "built", lambda: built)
     hw = platform.Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=flags, gpu=None)
     assert vllm.linear_kernels(engine, hw) == expected
-    assert (platform.PACKED_LINEAR_ENV in vllm.environment(engine, hw)) == (expected == "packed")
-    assert platform.PACKED_LINEAR_ENV not in vllm.image_environment(engine, hw)  # vLLM's own image has no such fix
+    env = vllm.environment(engine, hw)
+    assert (platform.PACKED_LINEAR_ENV in env) == (expected in ("packed", "llmopt"))
+    assert (small_batch_linear.LIBRARY_ENV in env) == (expected == "llmopt")
+    image = vllm.image_environment(engine, hw)  # vLLM's own image has neither
+    assert platform.PACKED_LINEAR_ENV not in image and small_batch_linear.LIBRARY_ENV not in image
 
 
-def test_packed_linear_kernels_where_they_cannot_run_are_refused() -> None:
+@pytest.mark.parametrize("kernels", ["packed", "llmopt"])
+def test_packed_linear_kernels_where_they_cannot_run_are_refused(kernels: str) -> None:
     hw = platform.Hardware(device="cpu", cpu_model="Old Xeon", cores=2, memory_gib=24, cpu_flags=("avx2",), gpu=None)
-    with pytest.raises(LlmoptError, match="needs AVX-512 BF16 and VNNI, which this Old Xeon lacks -- leave linear_kernels unset"):
-        vllm.environment(EngineConfig(linear_kernels="packed"), hw)
+    with pytest.raises(LlmoptError, match=f"'{kernels}' needs AVX-512 BF16 and VNNI, which this Old Xeon lacks -- leave linear_kernels unset"):
+        vllm.environment(EngineConfig(linear_kernels=kernels), hw)
 
 
 def test_one_process_executor_with_tensor_parallelism_is_refused() -> None:

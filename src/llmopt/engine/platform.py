@@ -18,6 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from llmopt.engine import small_batch_linear
+
 PACKED_LINEAR_ENV = "LLMOPT_PACKED_LINEAR"  # set: llmopt's server module gives linear layers vLLM's packed kernels
 SPAWNED_CORE_ENV = "LLMOPT_SPAWNED_ENGINE_CORE"  # set: its engine core is spawned, as vLLM's CPU platform does (benchmarks)
 TCMALLOC_CANDIDATES = (
@@ -121,9 +123,12 @@ def default_linear_kernels(hw: Hardware) -> str:
     and otherwise oneDNN, whose matrix-vector products stream cold weights at 10-25 GB/s on an AMD
     EPYC against the packed kernels' 21-33 (benchmarks/linear_kernels.py): SmolLM2-135M's bf16
     batch-1 decode ran 1.21x faster served with them, 1.48x in vLLM's offline API
-    (benchmarks/engine_cpu_settings.py). With AMX, vLLM's own choice was not measured against them
-    and stays."""
-    return "packed" if packed_linear_supported(hw) and not hw.has_amx else "vllm"
+    (benchmarks/engine_cpu_settings.py). With them, llmopt's small-batch kernel where it is built
+    (`small_batch_linear`): vLLM's packed kernel multiplies 5 rows or more at about the fp32 rate
+    there. With AMX, vLLM's own choice was not measured against them and stays."""
+    if not packed_linear_supported(hw) or hw.has_amx:
+        return "vllm"
+    return "llmopt" if small_batch_linear.built() else "packed"
 
 
 def torch_version() -> str:

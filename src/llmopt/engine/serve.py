@@ -16,7 +16,8 @@ vLLM gives a linear layer its packed-weight kernels (`weight_packed_linear` for 
 rest get oneDNN. The packed kernels also run on AVX-512 BF16/VNNI without AMX, and there they
 decode faster: oneDNN's matrix-vector products stream cold weights at 10-25 GB/s, theirs at 21-33
 (`platform.default_linear_kernels`). With `LLMOPT_PACKED_LINEAR` set, every bf16 or int8 layer of a
-shape they take gets them.
+shape they take gets them; with `LLMOPT_SMALL_BATCH_LINEAR` too, bf16 ones call llmopt's small-batch
+kernel (`small_batch_linear`), which runs up to 16 rows itself and hands larger batches to vLLM's.
 
 Both must hold in vLLM's engine-core process, where the model runs. vLLM's CPU platform starts that
 process with `spawn`, so it imports torch and vLLM a second time, after the API server has: 6 of a
@@ -37,6 +38,7 @@ from __future__ import annotations
 import importlib
 import os
 
+from llmopt.engine import small_batch_linear
 from llmopt.engine.platform import PACKED_LINEAR_ENV, SPAWNED_CORE_ENV
 
 
@@ -63,6 +65,8 @@ def _packed_linear_kernels() -> None:
     def packed(n: int, k: int, dtype: torch.dtype) -> bool:
         if dtype in (torch.bfloat16, torch.int8) and k % 32 == 0 and n % 16 == 0:  # the kernels' tiles
             logger.info_once("llmopt: vLLM's packed-weight linear kernels for bf16 and int8 layers")
+            if dtype == torch.bfloat16 and os.environ.get(small_batch_linear.LIBRARY_ENV):
+                logger.info_once("llmopt: its small-batch bf16 linear kernel for up to 16 rows")
             return True
         return chosen(n, k, dtype)
 
@@ -96,6 +100,8 @@ def _forked_engine_core() -> None:
 _finalized_as_loaded()
 if os.environ.get(PACKED_LINEAR_ENV) == "1" and __name__ in ("__main__", "__mp_main__"):  # a forked core inherits them
     _packed_linear_kernels()
+    if os.environ.get(small_batch_linear.LIBRARY_ENV):
+        small_batch_linear.load(small_batch_linear.build())
 
 if __name__ == "__main__":
     from vllm.entrypoints.launchers.api_server.entry import main

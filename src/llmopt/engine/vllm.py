@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from llmopt import paths, procs
-from llmopt.engine import guard, platform
+from llmopt.engine import guard, platform, small_batch_linear
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -162,8 +162,11 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
         return {}
     reserved = platform.default_reserved_cpus(hw) if config.reserved_cpus is None else config.reserved_cpus
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": str(reserved)}
-    if linear_kernels(config, hw) == "packed":
+    kernels = linear_kernels(config, hw)
+    if kernels in ("packed", "llmopt"):
         env[platform.PACKED_LINEAR_ENV] = "1"
+    if kernels == "llmopt":  # built, if it is not yet, by the server that loads it
+        env[small_batch_linear.LIBRARY_ENV] = str(small_batch_linear.library_path())
     libraries = platform.preload_libraries() if config.preload else []
     if libraries:
         env["LD_PRELOAD"] = ":".join(libraries)
@@ -187,8 +190,8 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
 def linear_kernels(config: EngineConfig, hw: platform.Hardware) -> str:
     """The linear kernels an engine runs with on this machine; 'packed' where they cannot run is refused."""
     chosen = config.linear_kernels or platform.default_linear_kernels(hw)
-    if chosen == "packed" and not platform.packed_linear_supported(hw):
-        raise LlmoptError(f"linear_kernels 'packed' needs AVX-512 BF16 and VNNI, which this {hw.cpu_model} lacks",
+    if chosen in ("packed", "llmopt") and not platform.packed_linear_supported(hw):
+        raise LlmoptError(f"linear_kernels '{chosen}' needs AVX-512 BF16 and VNNI, which this {hw.cpu_model} lacks",
                           "leave linear_kernels unset or set it to 'vllm'")
     return chosen
 
@@ -198,7 +201,8 @@ def image_environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, 
     with the image's preloads (vLLM's CPU image preloads tcmalloc and Intel OpenMP itself), never
     library paths found on this machine."""
     env = environment(config.model_copy(update={"preload": False}), hw)
-    env.pop(platform.PACKED_LINEAR_ENV, None)  # read by llmopt's server module only, not by vLLM's own
+    for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.LIBRARY_ENV):  # read by llmopt's server module only
+        env.pop(name, None)
     return env
 
 
