@@ -38,7 +38,7 @@ def main(kernels: str | None) -> None:
     if os.environ.get(platform.PACKED_LINEAR_ENV) == "1":
         serve._packed_linear_kernels()
     if os.environ.get(small_batch_linear.LIBRARY_ENV):
-        small_batch_linear.load(small_batch_linear.build())
+        small_batch_linear.load(os.environ[small_batch_linear.LIBRARY_ENV])
     folder = Path(sources.resolve(MODEL).path)
     traffic = roofline.traffic(folder)
     llm = LLM(str(folder), max_model_len=2048, seed=0)

@@ -53,9 +53,11 @@ if [ "$test_tools" = 1 ]; then
 fi
 
 # llmopt's small-batch linear kernel, where it is the engine's choice (AVX-512 BF16 without AMX): built
-# once with the machine's C++ compiler against the installed torch, into .venv/lib/llmopt-kernels/.
-command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || apt_install g++
-.venv/bin/python -c "from llmopt.engine import platform, small_batch_linear as k; hw = platform.detect()
-if platform.packed_linear_supported(hw) and not hw.has_amx: print('llmopt kernel built:', k.build().name)" ||
-  echo "install.sh: llmopt's small-batch kernel did not build; engines use vLLM's packed kernels alone" >&2
+# once with the machine's C++ compiler (g++ from Debian where there is none) against the installed
+# torch, into .venv/lib/llmopt-kernels/, and kept once it gives vLLM's bits.
+if .venv/bin/python -c "from llmopt.engine import platform as p; raise SystemExit(not p.small_batch_linear_applies(p.detect()))"; then
+  command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || apt_install g++
+  .venv/bin/python -c "from llmopt.engine import small_batch_linear as k; print('llmopt kernel built:', k.build().name)" ||
+    echo "install.sh: llmopt's small-batch kernel did not build; engines use vLLM's packed kernels alone" >&2
+fi
 .venv/bin/python -c "import vllm, llmopt.techniques.quantization as q; q.load_llmcompressor(); print('llmopt ready: vllm', vllm.__version__, '| llm-compressor 0.12.0.2')"

@@ -136,7 +136,9 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     said = [line for line in log if "packed-weight linear kernels" in line]
     assert len(said) == packed and all(line.startswith("(EngineCore") for line in said), said
     server = psutil.Process(llmopt.get_endpoint(endpoint.name).pid)
-    core = next(p for p in [server, *server.children(recursive=True)] if "EngineCore" in p.name() + " ".join(p.cmdline()))
+    cores = [p for p in [server, *server.children(recursive=True)] if "EngineCore" in p.name() + " ".join(p.cmdline())]
+    assert len(cores) == 1, cores
+    core = cores[0]
     mapped = {Path(m.path).name for m in core.memory_maps(grouped=False)}
     assert (small_batch_linear.library_path().name in mapped) == (chosen == "llmopt"), chosen
     said = [line for line in log if "small-batch bf16 linear kernel" in line]
@@ -148,7 +150,9 @@ def test_the_engine_core_is_forked_from_the_server(endpoint) -> None:
     """Forked, not spawned (vLLM's CPU default): it shares its server's memory layout, which a newly
     started interpreter would not have (address randomization)."""
     server = psutil.Process(llmopt.get_endpoint(endpoint.name).pid)
-    core = next(p for p in [server, *server.children(recursive=True)] if "EngineCore" in p.name() + " ".join(p.cmdline()))
+    cores = [p for p in [server, *server.children(recursive=True)] if "EngineCore" in p.name() + " ".join(p.cmdline())]
+    assert len(cores) == 1, cores
+    core = cores[0]
 
     def libc(process: psutil.Process) -> str:
         return next(m.addr for m in process.memory_maps(grouped=False) if Path(m.path).name.startswith("libc.so"))
@@ -189,6 +193,7 @@ AVX512 = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512f")
 def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], engine: EngineConfig, built: bool,
                                                       expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(small_batch_linear, "built", lambda: built)
+    monkeypatch.setattr(small_batch_linear, "build", lambda: Path("/built/kernel.so"))
     hw = platform.Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=flags, gpu=None)
     assert vllm.linear_kernels(engine, hw) == expected
     env = vllm.environment(engine, hw)
@@ -203,6 +208,12 @@ def test_packed_linear_kernels_where_they_cannot_run_are_refused(kernels: str) -
     hw = platform.Hardware(device="cpu", cpu_model="Old Xeon", cores=2, memory_gib=24, cpu_flags=("avx2",), gpu=None)
     with pytest.raises(LlmoptError, match=f"'{kernels}' needs AVX-512 BF16 and VNNI, which this Old Xeon lacks -- leave linear_kernels unset"):
         vllm.environment(EngineConfig(linear_kernels=kernels), hw)
+
+
+def test_the_small_batch_kernel_with_amx_is_refused() -> None:
+    hw = platform.Hardware(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, cpu_flags=(*AVX512, "amx_bf16"), gpu=None)
+    with pytest.raises(LlmoptError, match="'llmopt' is for processors without AMX, and this Xeon has it -- .*'packed'"):
+        vllm.environment(EngineConfig(linear_kernels="llmopt"), hw)
 
 
 def test_one_process_executor_with_tensor_parallelism_is_refused() -> None:

@@ -304,7 +304,7 @@ def export_command(artifact_dir: str, host: str = DEFAULT_HOST, port: int = 8000
         raise LlmoptError(f"'{artifact_dir}' is not an llmopt artifact (no {artifact.MANIFEST})", "pass an artifact folder or URI")
     spec = serving.for_target(artifact_dir)
     argv = vllm.server_argv(spec.model_path, spec.engine, spec.served_name, host, port)
-    return vllm.shell_command(argv, vllm.environment(spec.engine, platform.detect()))
+    return vllm.shell_command(argv, vllm.plain_environment(spec.engine, platform.detect()))
 
 
 EXPORT_FORMATS = exports.FORMATS

@@ -118,6 +118,12 @@ def packed_linear_supported(hw: Hardware) -> bool:
     return {"avx512_bf16", "avx512_vnni"} <= set(hw.cpu_flags)
 
 
+def small_batch_linear_applies(hw: Hardware) -> bool:
+    """llmopt's small-batch kernel stands in for vLLM's packed bf16 kernel on AVX-512 BF16 without
+    AMX; with AMX, vLLM's multiplies 5 rows or more on AMX tiles (other bits, not measured slower)."""
+    return packed_linear_supported(hw) and not hw.has_amx
+
+
 def default_linear_kernels(hw: Hardware) -> str:
     """Packed-weight kernels on AVX-512 processors without AMX. vLLM takes them only where AMX is,
     and otherwise oneDNN, whose matrix-vector products stream cold weights at 10-25 GB/s on an AMD
@@ -126,7 +132,7 @@ def default_linear_kernels(hw: Hardware) -> str:
     (benchmarks/engine_cpu_settings.py). With them, llmopt's small-batch kernel where it is built
     (`small_batch_linear`): vLLM's packed kernel multiplies 5 rows or more at about the fp32 rate
     there. With AMX, vLLM's own choice was not measured against them and stays."""
-    if not packed_linear_supported(hw) or hw.has_amx:
+    if not small_batch_linear_applies(hw):
         return "vllm"
     return "llmopt" if small_batch_linear.built() else "packed"
 

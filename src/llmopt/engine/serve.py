@@ -101,7 +101,7 @@ _finalized_as_loaded()
 if os.environ.get(PACKED_LINEAR_ENV) == "1" and __name__ in ("__main__", "__mp_main__"):  # a forked core inherits them
     _packed_linear_kernels()
     if os.environ.get(small_batch_linear.LIBRARY_ENV):
-        small_batch_linear.load(small_batch_linear.build())
+        small_batch_linear.load(os.environ[small_batch_linear.LIBRARY_ENV])
 
 if __name__ == "__main__":
     from vllm.entrypoints.launchers.api_server.entry import main

@@ -97,10 +97,17 @@ void vllm_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
 
 void small_batch_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                         const std::optional<at::Tensor>& bias) {
+  // Anything else, or anything malformed, goes to vLLM's kernel, which checks its arguments.
+  if (x.dim() != 2 || packed.dim() != 2 || out.dim() != 2) {
+    return vllm_packed(out, x, packed, bias);
+  }
   const int64_t m = x.size(0), k = x.size(1), n = packed.size(0);
-  const bool ours = x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 && m <= kMaxRows &&
-                    packed.size(1) == k && k % 2 == 0 && n % 16 == 0 && x.stride(1) == 1 && x.stride(0) % 2 == 0 &&
-                    out.is_contiguous() && packed.is_contiguous() && (!bias.has_value() || bias->scalar_type() == at::kFloat);
+  const bool ours = x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 &&
+                    out.scalar_type() == at::kBFloat16 && m <= kMaxRows && packed.size(1) == k && k % 2 == 0 &&
+                    n % 16 == 0 && x.stride(1) == 1 && x.stride(0) % 2 == 0 && out.size(0) == m && out.size(1) == n &&
+                    out.is_contiguous() && packed.is_contiguous() &&
+                    (!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->numel() == n &&
+                                           bias->is_contiguous()));
   if (!ours) {
     return vllm_packed(out, x, packed, bias);
   }

@@ -165,8 +165,8 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     kernels = linear_kernels(config, hw)
     if kernels in ("packed", "llmopt"):
         env[platform.PACKED_LINEAR_ENV] = "1"
-    if kernels == "llmopt":  # built, if it is not yet, by the server that loads it
-        env[small_batch_linear.LIBRARY_ENV] = str(small_batch_linear.library_path())
+    if kernels == "llmopt":  # built here if it is not yet, so a failed build is said before any engine starts
+        env[small_batch_linear.LIBRARY_ENV] = str(small_batch_linear.build())
     libraries = platform.preload_libraries() if config.preload else []
     if libraries:
         env["LD_PRELOAD"] = ":".join(libraries)
@@ -193,17 +193,23 @@ def linear_kernels(config: EngineConfig, hw: platform.Hardware) -> str:
     if chosen in ("packed", "llmopt") and not platform.packed_linear_supported(hw):
         raise LlmoptError(f"linear_kernels '{chosen}' needs AVX-512 BF16 and VNNI, which this {hw.cpu_model} lacks",
                           "leave linear_kernels unset or set it to 'vllm'")
+    if chosen == "llmopt" and not platform.small_batch_linear_applies(hw):
+        raise LlmoptError(f"linear_kernels 'llmopt' is for processors without AMX, and this {hw.cpu_model} has it",
+                          "leave linear_kernels unset or set it to 'packed'")
     return chosen
 
 
+def plain_environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
+    """The environment of plain vLLM's server for these settings: as `environment`, without the
+    linear-kernel switches only llmopt's server module reads."""
+    return environment(config.model_copy(update={"linear_kernels": "vllm"}), hw)
+
+
 def image_environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
-    """The environment in vLLM's own image (`image`) on the machine `hw` describes: as `environment`, but
-    with the image's preloads (vLLM's CPU image preloads tcmalloc and Intel OpenMP itself), never
-    library paths found on this machine."""
-    env = environment(config.model_copy(update={"preload": False}), hw)
-    for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.LIBRARY_ENV):  # read by llmopt's server module only
-        env.pop(name, None)
-    return env
+    """The environment in vLLM's own image (`image`) on the machine `hw` describes: as
+    `plain_environment`, but with the image's preloads (vLLM's CPU image preloads tcmalloc and
+    Intel OpenMP itself), never library paths found on this machine."""
+    return plain_environment(config.model_copy(update={"preload": False}), hw)
 
 
 def image(version: str, device: str) -> str:
