@@ -55,10 +55,21 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return round(((out.float() - ref).abs().max() / ref.abs().max()).item(), 4)
 
 
-def small_batch(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+def _linear(op: Callable[..., None], x: torch.Tensor, packed: torch.Tensor, n: int, *flags: bool) -> torch.Tensor:
+    """A packed-weight op called directly, not through vLLM's Python wrapper, which
+    `small_batch_linear.load` points at llmopt's kernel: vLLM's `_C::weight_packed_linear` (its
+    last flag: the weights are packed) or `llmopt::small_batch_linear`."""
     out = torch.empty((x.shape[0], n), dtype=x.dtype)
-    torch.ops.llmopt.small_batch_linear(out, x, packed, None)
+    op(out, x, packed, None, *flags)
     return out
+
+
+def vllm_packed(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    return _linear(torch.ops._C.weight_packed_linear, x, packed, n, True)
+
+
+def small_batch(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    return _linear(torch.ops.llmopt.small_batch_linear, x, packed, n)
 
 
 def bf16(m: int, n: int, k: int, zentorch: bool = False) -> dict[str, float]:
@@ -71,9 +82,9 @@ def bf16(m: int, n: int, k: int, zentorch: bool = False) -> dict[str, float]:
     packed = [torch.ops._C.convert_weight_packed(w) for w in weights]
     ref = x.float() @ weights[0].float().t()
     found = {"onednn_s": _time(lambda i: ops.onednn_mm(handlers[i], x, None), copies),
-             "packed_s": _time(lambda i: ops.weight_packed_linear_cpu(x, packed[i], n, None), copies),
+             "packed_s": _time(lambda i: vllm_packed(x, packed[i], n), copies),
              "onednn_error": _error(ops.onednn_mm(handlers[0], x, None), ref),
-             "packed_error": _error(ops.weight_packed_linear_cpu(x, packed[0], n, None), ref), "weight_bytes": n * k * 2}
+             "packed_error": _error(vllm_packed(x, packed[0], n), ref), "weight_bytes": n * k * 2}
     if m <= 16:
         found |= {"llmopt_s": _time(lambda i: small_batch(x, packed[i], n), copies),
                   "llmopt_error": _error(small_batch(x, packed[0], n), ref)}

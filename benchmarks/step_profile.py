@@ -35,10 +35,7 @@ def main(kernels: str | None) -> None:
 
     from llmopt.engine import serve
 
-    if os.environ.get(platform.PACKED_LINEAR_ENV) == "1":
-        serve._packed_linear_kernels()
-    if os.environ.get(small_batch_linear.LIBRARY_ENV):
-        small_batch_linear.load(os.environ[small_batch_linear.LIBRARY_ENV])
+    serve.linear_kernels_from_environment()
     folder = Path(sources.resolve(MODEL).path)
     traffic = roofline.traffic(folder)
     llm = LLM(str(folder), max_model_len=2048, seed=0)

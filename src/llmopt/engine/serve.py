@@ -97,11 +97,18 @@ def _forked_engine_core() -> None:
     utils.get_mp_context = fork  # imported by name there, and called once the engine is configured
 
 
+def linear_kernels_from_environment() -> None:
+    """The linear kernels llmopt's environment asks for, in this process: the engine core's (a
+    forked core inherits them) or a benchmark's that runs vLLM's offline API."""
+    if os.environ.get(PACKED_LINEAR_ENV) == "1":
+        _packed_linear_kernels()
+        if os.environ.get(small_batch_linear.LIBRARY_ENV):
+            small_batch_linear.load(os.environ[small_batch_linear.LIBRARY_ENV])
+
+
 _finalized_as_loaded()
-if os.environ.get(PACKED_LINEAR_ENV) == "1" and __name__ in ("__main__", "__mp_main__"):  # a forked core inherits them
-    _packed_linear_kernels()
-    if os.environ.get(small_batch_linear.LIBRARY_ENV):
-        small_batch_linear.load(os.environ[small_batch_linear.LIBRARY_ENV])
+if __name__ in ("__main__", "__mp_main__"):
+    linear_kernels_from_environment()
 
 if __name__ == "__main__":
     from vllm.entrypoints.launchers.api_server.entry import main
