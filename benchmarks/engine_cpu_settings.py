@@ -17,6 +17,8 @@ records which cores each server thread may run on. Decode speed at batch 1 and 8
 lengths (64 in, 128 out, end-of-sequence ignored). Writes benchmarks/results/engine_cpu_settings.json;
 given row labels and --repeat N, takes those rows in turn N times and reports medians
 (results/engine_cpu_settings_repeat.json, or --out), for differences within the noise between deployments.
+`--kernel PATH` adds a row with another build of llmopt's small-batch kernel (a copy of the library
+kept from before a change to its source), served against the current one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import psutil
 import llmopt
 from decode_profile import server_pids
 from llmopt import EngineConfig
-from llmopt.engine import vllm
+from llmopt.engine import small_batch_linear, vllm
 from llmopt.engine.platform import SPAWNED_CORE_ENV
 
 LLMOPT = EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni")  # packed linear kernels where chosen
@@ -74,6 +76,7 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     "llmopt, gloo's polling threads idle-class": (LLMOPT, {}, lambda pid: idle_threads(pid, "gloo_tcp_loop")),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
+OTHER_KERNEL = "llmopt, another small-batch kernel build (--kernel)"
 
 
 def _cores(tid: int) -> str:
@@ -150,7 +153,11 @@ def main() -> None:
     parser.add_argument("--out", help="the results file's name in results/ (default: engine_cpu_settings.json for every "
                                       "row once, engine_cpu_settings_repeat.json otherwise)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="an imported model or catalogue id")
+    parser.add_argument("--kernel", metavar="PATH", help=f"adds the row '{OTHER_KERNEL}': llmopt's choice with the small-batch "
+                                                         "kernel library at PATH (another build of it, kept before a change)")
     args = parser.parse_args()
+    if args.kernel:
+        ROWS[OTHER_KERNEL] = (LLMOPT, {small_batch_linear.LIBRARY_ENV: str(Path(args.kernel).resolve())}, None)
     labels = args.rows or list(ROWS)
     rows = [deploy_and_measure(label, *ROWS[label], model=args.model) for _ in range(args.repeat) for label in labels]
     base = rows[0]

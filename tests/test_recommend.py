@@ -32,7 +32,7 @@ def test_a_budget_counts_what_already_ran(smol: sources.Model) -> None:
     """A resumed or repeated run drops what the first dropped, whatever is done by then."""
     rec = search.start(_spec(smol, budget_minutes=1))
     for c, minutes in zip(rec.candidates, (0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.05)):
-        c.estimate_s = minutes * 60
+        c.estimate_s, c.quantize_s, c.pays_quantizing = minutes * 60, 0, False
     search.fit_budget(rec)
     first = [c.name for c in rec.candidates if c.status == "pending"]
     assert first[0] == "bf16" and sum(c.estimate_s for c in rec.candidates if c.status == "pending") <= 60
@@ -41,6 +41,26 @@ def test_a_budget_counts_what_already_ran(smol: sources.Model) -> None:
     search.fit_budget(rec)
     assert [c.name for c in rec.candidates if c.status == "done"] == first
     assert not [c for c in rec.candidates if c.status == "pending"], "nothing more runs once the budget is spent"
+
+
+def test_weights_quantized_alike_are_counted_once(smol: sources.Model, tmp_path: Path, monkeypatch) -> None:
+    """Later candidates link the weights the first quantized: it alone pays, until it is dropped."""
+    quantized = {"name": "smoothquant", "quantization": {"method": "smoothquant"}}
+    _, fresh = candidates.estimate_seconds(quantized, smol, platform.detect(), {1: 4}, 0)
+    monkeypatch.setattr(candidates.quantization, "kept_weights", lambda *args: tmp_path)
+    (tmp_path / candidates.quantization.KEPT_RECORD).write_text("{}")
+    assert fresh > 0 and candidates.estimate_seconds(quantized, smol, platform.detect(), {1: 4}, 0)[1] == 0
+    rec = search.start(_spec(smol, budget_minutes=10))
+
+    def made(name: str, quantize_s: float) -> candidates.Candidate:
+        return candidates.Candidate(name=name, recipe=quantized if quantize_s else {}, estimate_s=100, quantize_s=quantize_s)
+
+    rec.candidates = [made("smoothquant", 300), made("smoothquant-ngram", 300), made("ngram", 0), made("bf16", 0)]
+    candidates.share_quantizing(rec.candidates, "bf16")
+    assert [c.estimate_s for c in rec.candidates] == [400, 100, 100, 100]
+    for _ in range(2):  # as a resumed run does it again
+        search.fit_budget(rec)
+        assert [(c.status, c.estimate_s) for c in rec.candidates] == [("dropped", 400), ("pending", 400), ("pending", 100), ("pending", 100)]
 
 
 def test_a_saved_run_is_reused_only_on_the_same_model_machine_and_engine(smol: sources.Model, monkeypatch) -> None:

@@ -27,6 +27,9 @@ constexpr int64_t kBlockN = 32;    // output channels in one packed block
 constexpr int64_t kTileRows = 8;   // rows sharing one weight load
 constexpr int64_t kMaxRows = 16;   // above this, vLLM's brgemm path
 constexpr int64_t kBiasFirstRows = 4;  // vLLM starts from the bias up to this many rows, adds it last above
+// Weights are read this far ahead into L2 (software prefetch): the hardware prefetcher alone kept
+// one row's stream at 25-27 GB/s of this machine's 33; 4 KB ahead 27-30 (8 KB: less at 8 rows).
+constexpr int64_t kPrefetchBytes = 4096;
 
 enum Bias { kNone, kFirst, kLast };
 
@@ -43,7 +46,11 @@ void tile(const at::BFloat16* a, int64_t lda, const at::BFloat16* b, int64_t cha
   for (int64_t kp = 0; kp < k / 2; ++kp) {
     __m512bh w[COLS];
 #pragma GCC unroll 2
-    for (int j = 0; j < COLS; ++j) w[j] = (__m512bh)_mm512_loadu_si512(b + (kp * channels + j * 16) * 2);
+    for (int j = 0; j < COLS; ++j) {
+      const at::BFloat16* line = b + (kp * channels + j * 16) * 2;  // 64 bytes: 16 channels' pair
+      _mm_prefetch(reinterpret_cast<const char*>(line) + kPrefetchBytes, _MM_HINT_T1);  // never faults
+      w[j] = (__m512bh)_mm512_loadu_si512(line);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < ROWS; ++r) {
       const __m512bh x = (__m512bh)_mm512_set1_ps(pairs[r * lda_pairs + kp]);

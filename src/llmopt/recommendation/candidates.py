@@ -21,7 +21,7 @@ from llmopt import catalog, compatibility, recipe
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.platform import Hardware
 from llmopt.sources import Model
-from llmopt.techniques import speculative
+from llmopt.techniques import quantization, speculative
 
 SCHEMES = ("smoothquant", "awq", "fp8")  # in order of preference where several are fast: quality cost first
 CHUNK_BUDGET = 256  # tokens per step: steadier decoding while other requests' prompts are prefilled
@@ -31,7 +31,9 @@ KV_BYTES_PER_ELEMENT = 2  # bf16 cache
 class Candidate(BaseModel):
     name: str
     recipe: dict[str, Any]
-    estimate_s: float
+    estimate_s: float  # its time in this run: quantizing counted where it pays for it (`share_quantizing`)
+    quantize_s: float = 0.0  # making its quantized weights: 0 without quantization, or where they are kept already
+    pays_quantizing: bool = False  # whether `estimate_s` holds `quantize_s`
     status: str = "pending"  # pending | done | failed | dropped
     reason: str | None = None  # why it failed, or was dropped
     job: str | None = None
@@ -98,20 +100,47 @@ def _cache_bounds_concurrency(config: dict, concurrency: int, context_tokens: in
 
 
 def estimate_seconds(candidate: dict, source: Model, hardware: Hardware, level_requests: dict[int, int],
-                     min_level_s: float) -> float:
-    """A candidate's time on this machine from the model's size: quantizing (llm-compressor on the
-    CPU), the job's measuring engine and the evaluation's (compiled once, then from the compile
-    cache), and the load at every level: its requests, at about 0.5 s plus 2.5 s per gigabyte of
-    weights each on two cores (a QA request on SmolLM2-135M took about 1 s alone, on the 1.5B
-    about 8), served c at a time about c**0.4 times as fast (prefills batch poorly on a CPU).
-    Rough, for choosing what fits a budget."""
+                     min_level_s: float) -> tuple[float, float]:
+    """A candidate's time on this machine from the model's size, without quantizing, and its
+    quantizing's apart (0 where its weights are kept from an earlier job): the job's measuring engine
+    and the evaluation's (compiled once, then from the compile cache), and the load at every level:
+    its requests, at about 0.5 s plus 2.5 s per gigabyte of weights each on two cores (a QA request
+    on SmolLM2-135M took about 1 s alone, on the 1.5B about 8), served c at a time about c**0.4 times
+    as fast (prefills batch poorly on a CPU); quantizing with llm-compressor on the CPU. Rough, for
+    choosing what fits a budget."""
     gigabytes = source.size_bytes / 1e9
     slowdown = 2 / max(hardware.cores, 1)
     cold_start, warm_start = 60 + 40 * gigabytes, 30 + 20 * gigabytes
-    quantize = {"smoothquant": 330, "awq": 1000, "fp8": 20}.get((candidate.get("quantization") or {}).get("method", ""), 0)
     request_s = (0.5 + 2.5 * gigabytes) * slowdown
     load = sum(max(min_level_s, n * request_s / c ** 0.4) for c, n in level_requests.items())
-    seconds = (quantize * gigabytes + cold_start) * slowdown + warm_start + load
+    seconds = cold_start * slowdown + warm_start + load
     if candidate["name"] == "bf16":  # the reference's natural lengths: one pass at the highest level
         seconds += max(level_requests.values()) * request_s / max(level_requests) ** 0.4
-    return round(seconds, 0)  # the source's own numbers, measured once
+    return round(seconds, 0), round(_quantize_seconds(candidate, source) * gigabytes * slowdown, 0)
+
+
+def _quantize_seconds(candidate: dict, source: Model) -> float:
+    """Seconds a gigabyte of weights to quantize this candidate's way; 0 where weights quantized the
+    same way are kept (the job links them)."""
+    if not candidate.get("quantization"):
+        return 0.0
+    parsed = recipe.parse({k: v for k, v in candidate.items() if k != "name"})
+    kept = quantization.kept_weights(parsed.quantization, source, parsed.tensor_parallel_size)
+    if (kept / quantization.KEPT_RECORD).is_file():
+        return 0.0
+    return {"smoothquant": 330, "awq": 1000, "fp8": 20}.get(parsed.quantization.method, 330)
+
+
+def share_quantizing(candidates: list[Candidate], first: str) -> None:
+    """Weights quantized once are linked into every later artifact that asks for the same (the
+    job's `kept_weights`), so of the candidates that quantize alike, only the first in run order
+    (`first` runs first, then the list's order) that is not dropped pays for quantizing."""
+    paid: set[str] = set()
+    for candidate in sorted(candidates, key=lambda c: c.name != first):
+        weights = json.dumps(candidate.recipe.get("quantization"), sort_keys=True)
+        pays = candidate.quantize_s > 0 and candidate.status != "dropped" and weights not in paid
+        if pays:
+            paid.add(weights)
+        if candidate.status == "pending" and pays != candidate.pays_quantizing:  # a dropped one keeps what dropped it
+            candidate.estimate_s += candidate.quantize_s if pays else -candidate.quantize_s
+            candidate.pays_quantizing = pays

@@ -121,11 +121,19 @@ def start(spec: RecommendSpec) -> Recommendation:
     return Recommendation(
         id=run_id, spec=spec, hardware=hardware, price=pricing.for_hardware(hardware),
         engine=" ".join(vllm.engine_name_version()), started_at=time.time(), excluded=excluded,
-        candidates=[Candidate(name=c["name"], recipe={k: v for k, v in c.items() if k != "name"},
-                              estimate_s=candidate_recipes.estimate_seconds(c, source, hardware, level_requests,
-                                                                            spec.min_duration_s))
-                    for c in found],
+        candidates=_candidates(found, source, hardware, level_requests, spec.min_duration_s),
     )
+
+
+def _candidates(found: list[dict], source: sources.Model, hardware: Hardware, level_requests: dict[int, int],
+                min_level_s: float) -> list[Candidate]:
+    made = []
+    for c in found:
+        seconds, quantize_s = candidate_recipes.estimate_seconds(c, source, hardware, level_requests, min_level_s)
+        made.append(Candidate(name=c["name"], recipe={k: v for k, v in c.items() if k != "name"}, estimate_s=seconds,
+                              quantize_s=quantize_s))
+    candidate_recipes.share_quantizing(made, REFERENCE)
+    return made
 
 
 def fit_budget(rec: Recommendation) -> None:
@@ -138,14 +146,15 @@ def fit_budget(rec: Recommendation) -> None:
         if candidate.status == "dropped":
             candidate.status, candidate.reason = "pending", None
     budget = rec.spec.budget_minutes * 60
-    pending = sorted((c for c in rec.candidates if c.status == "pending" and c.name != REFERENCE), key=lambda c: -c.estimate_s)
-    total = sum(c.estimate_s for c in rec.candidates if c.status in ("pending", "done", "failed"))
-    for candidate in pending:
-        if total <= budget:
-            break
+    while True:  # a dropped candidate that quantized hands its quantizing to the next that needs the weights
+        candidate_recipes.share_quantizing(rec.candidates, REFERENCE)
+        total = sum(c.estimate_s for c in rec.candidates if c.status in ("pending", "done", "failed"))
+        pending = [c for c in rec.candidates if c.status == "pending" and c.name != REFERENCE]
+        if total <= budget or not pending:
+            return
+        candidate = max(reversed(pending), key=lambda c: c.estimate_s)  # of equals, the later in preference
         candidate.status = "dropped"
         candidate.reason = f"about {candidate.estimate_s / 60:.0f} min does not fit the {rec.spec.budget_minutes:g}-minute budget"
-        total -= candidate.estimate_s
 
 
 def run(rec: Recommendation, events: Events = lambda *a, **k: None) -> Recommendation:
