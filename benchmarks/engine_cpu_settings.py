@@ -51,7 +51,7 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     "llmopt (0 reserved, preload, no worker)": (LLMOPT, {}, None),
     # vLLM's choice of linear kernels (oneDNN on AVX-512 without AMX) instead of its packed-weight ones
     "llmopt, vLLM's linear kernels": (LLMOPT.model_copy(update={"linear_kernels": "vllm"}), {}, None),
-    # vLLM's packed-weight kernels alone, without llmopt's small-batch kernel for 1 to 16 rows
+    # vLLM's packed-weight kernels alone, without llmopt's small-batch kernel for 1 to 64 rows
     "llmopt, vLLM's packed kernels alone": (LLMOPT.model_copy(update={"linear_kernels": "packed"}), {}, None),
     # one OpenMP thread: the model's threads no longer wait at each parallel loop's barrier for a
     # thread the front end has taken the other core from

@@ -2,12 +2,12 @@
 gives every layer without AMX) against its packed-weight kernels (`weight_packed_linear` for bf16,
 `int8_scaled_mm_with_quant` for int8; what llmopt gives them there, `EngineConfig.linear_kernels`),
 and for bf16 llmopt's small-batch kernel over the same packed weights (`small_batch_linear`, built
-if it is not yet), which stands in for vLLM's up to 16 rows. `--out NAME` writes results/NAME instead.
+if it is not yet), which stands in for vLLM's up to 64 rows. `--out NAME` writes results/NAME instead.
 
 Weights are cold, as in a decode step that streams the whole model: each shape gets enough
 distinct weight copies to fill 300 MB (ten times this machine's last-level cache) and the copies
-are taken in turn. Prints the time per call and the weight bytes streamed per second, at 1, 16
-and 256 rows (decode at batch 1 and 16, a prefill chunk), with the largest difference from an
+are taken in turn. Prints the time per call and the weight bytes streamed per second, at 1, 8, 16,
+40 and 256 rows (decode at batch 1, 8 and 16, n-gram verifying 4 drafted tokens at batch 8, a prefill chunk), with the largest difference from an
 fp32 reference relative to its largest value. Runs itself again in the environment llmopt gives the
 engine here (tcmalloc and Intel OpenMP preloaded, its OpenMP threads). Writes
 benchmarks/results/linear_kernels.json.
@@ -36,7 +36,7 @@ from llmopt.engine.config import EngineConfig
 
 SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576), "down_proj": (576, 1536),
           "lm_head": (49152, 576)}  # (N, K) of SmolLM2-135M
-ROWS = (1, 8, 16, 256)
+ROWS = (1, 8, 16, 40, 256)
 COLD_BYTES = 300e6
 ROUNDS = 3
 
@@ -85,7 +85,7 @@ def bf16(m: int, n: int, k: int, zentorch: bool = False) -> dict[str, float]:
              "packed_s": _time(lambda i: vllm_packed(x, packed[i], n), copies),
              "onednn_error": _error(ops.onednn_mm(handlers[0], x, None), ref),
              "packed_error": _error(vllm_packed(x, packed[0], n), ref), "weight_bytes": n * k * 2}
-    if m <= 16:
+    if m <= small_batch_linear.MAX_ROWS:
         found |= {"llmopt_s": _time(lambda i: small_batch(x, packed[i], n), copies),
                   "llmopt_error": _error(small_batch(x, packed[0], n), ref)}
     if zentorch:

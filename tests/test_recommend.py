@@ -45,15 +45,20 @@ def test_a_budget_counts_what_already_ran(smol: sources.Model) -> None:
 
 def test_weights_quantized_alike_are_counted_once(smol: sources.Model, tmp_path: Path, monkeypatch) -> None:
     """Later candidates link the weights the first quantized: it alone pays, until it is dropped."""
-    quantized = {"name": "smoothquant", "quantization": {"method": "smoothquant"}}
-    _, fresh = candidates.estimate_seconds(quantized, smol, platform.detect(), {1: 4}, 0)
+    quantized, here = {"name": "smoothquant", "quantization": {"method": "smoothquant"}}, platform.detect()
     monkeypatch.setattr(candidates.quantization, "kept_weights", lambda *args: tmp_path)
+    fresh, weights = candidates.quantizing(quantized, smol, here)
     (tmp_path / candidates.quantization.KEPT_RECORD).write_text("{}")
-    assert fresh > 0 and candidates.estimate_seconds(quantized, smol, platform.detect(), {1: 4}, 0)[1] == 0
+    assert fresh > 0 and candidates.quantizing(quantized, smol, here) == (0, weights)
+    monkeypatch.undo()
+    # a user's recipe file, every default spelled out and another quality budget, makes the same weights
+    spelled = recipe.parse({"quantization": {"method": "smoothquant", "max_perplexity_increase": 0.2}}).to_dict()
+    assert candidates.quantizing({"name": "mine", **spelled}, smol, here)[1] == candidates.quantizing(quantized, smol, here)[1]
     rec = search.start(_spec(smol, budget_minutes=10))
 
     def made(name: str, quantize_s: float) -> candidates.Candidate:
-        return candidates.Candidate(name=name, recipe=quantized if quantize_s else {}, estimate_s=100, quantize_s=quantize_s)
+        return candidates.Candidate(name=name, recipe=quantized if quantize_s else {}, estimate_s=100, quantize_s=quantize_s,
+                                    weights=weights if quantize_s else None)
 
     rec.candidates = [made("smoothquant", 300), made("smoothquant-ngram", 300), made("ngram", 0), made("bf16", 0)]
     candidates.share_quantizing(rec.candidates, "bf16")
@@ -111,11 +116,19 @@ def test_slos_rank_and_pareto() -> None:
 @pytest.mark.engine
 def test_recommend_end_to_end_resumed_after_a_kill(smol: sources.Model, baseline: llmopt.Job, ray_head: str,
                                                    tmp_path: Path) -> None:
-    """A small budget (the reference and the cheapest other candidate), two levels. The first run
-    builds its candidates' jobs on a Ray cluster, all before measuring any, and is killed after the
-    first candidate; run again here: what was done is not redone, and the pick deploys."""
+    """A small budget (the reference and n-gram), two levels. The first run builds its candidates'
+    jobs on a Ray cluster, all before measuring any, and is killed after the first candidate; run
+    again here: what was done is not redone, and the pick deploys.
+
+    The run is begun here with every other candidate estimated an hour dearer, so the budget keeps
+    n-gram, which no other test builds, whatever this session kept before (SmoothQuant's weights
+    and artifact, which would be reused, cost the same as n-gram by the estimates)."""
     started = search.start(_spec(smol))
+    for candidate in started.candidates:
+        candidate.estimate_s += 0 if candidate.name in ("bf16", "ngram") else 3600
+    started.save()  # the run under way, which the command below takes up
     by_cost = sorted((c for c in started.candidates if c.name != "bf16"), key=lambda c: c.estimate_s)
+    assert by_cost[0].name == "ngram"
     budget = (next(c for c in started.candidates if c.name == "bf16").estimate_s + by_cost[0].estimate_s) / 60 + 0.01
     args = ["recommend", smol.id, "--goal", "latency", "--concurrency", "1,2", "--requests", "4", "--min-duration", "0",
             "--budget-minutes", f"{budget:.3f}"]

@@ -101,7 +101,7 @@ class EngineConfig(_Settings):
         description="On CPU, the kernels of the bf16 and int8 linear layers: 'vllm' as vLLM chooses (oneDNN, or its "
         "packed-weight kernels for small layers on AMX), 'packed' vLLM's packed-weight kernels for every layer whose "
         "shape they take (needs AVX-512 BF16 and VNNI), 'llmopt' the same with llmopt's small-batch kernel for bf16 "
-        "layers at up to 16 rows (built with the machine's C++ compiler); unset: chosen from the machine (without "
+        "layers at up to 64 rows (built with the machine's C++ compiler); unset: chosen from the machine (without "
         "AMX, llmopt where its kernel is built, else packed).",
     )
     tensor_parallel_size: int = Field(1, gt=0, le=1024, description="Devices to shard the model over.")

@@ -17,7 +17,7 @@ rest get oneDNN. The packed kernels also run on AVX-512 BF16/VNNI without AMX, a
 decode faster: oneDNN's matrix-vector products stream cold weights at 10-25 GB/s, theirs at 21-33
 (`platform.default_linear_kernels`). With `LLMOPT_PACKED_LINEAR` set, every bf16 or int8 layer of a
 shape they take gets them; with `LLMOPT_SMALL_BATCH_LINEAR` too, bf16 ones call llmopt's small-batch
-kernel (`small_batch_linear`), which runs up to 16 rows itself and hands larger batches to vLLM's.
+kernel (`small_batch_linear`), which runs up to 64 rows itself and hands larger batches to vLLM's.
 
 Both must hold in vLLM's engine-core process, where the model runs. vLLM's CPU platform starts that
 process with `spawn`, so it imports torch and vLLM a second time, after the API server has: 6 of a
@@ -66,7 +66,7 @@ def _packed_linear_kernels() -> None:
         if dtype in (torch.bfloat16, torch.int8) and k % 32 == 0 and n % 16 == 0:  # the kernels' tiles
             logger.info_once("llmopt: vLLM's packed-weight linear kernels for bf16 and int8 layers")
             if dtype == torch.bfloat16 and os.environ.get(small_batch_linear.LIBRARY_ENV):
-                logger.info_once("llmopt: its small-batch bf16 linear kernel for up to 16 rows")
+                logger.info_once("llmopt: its small-batch bf16 linear kernel for up to 64 rows")
             return True
         return chosen(n, k, dtype)
 

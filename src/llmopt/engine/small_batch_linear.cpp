@@ -1,5 +1,6 @@
-// llmopt::small_batch_linear: a bf16 linear layer for 1 to 16 rows (decode batches) on AVX-512 BF16
-// processors without AMX, over the weights vLLM's packed-weight kernel has already packed.
+// llmopt::small_batch_linear: a bf16 linear layer for 1 to 64 rows (decode batches, speculative
+// verification, short prefills) on AVX-512 BF16 processors without AMX, over the weights vLLM's
+// packed-weight kernel has already packed.
 //
 // vLLM's `_C::weight_packed_linear` runs up to 4 rows with AVX-512 BF16 dot products and hands 5
 // rows or more to torch's brgemm, which without AMX multiplies at about the machine's fp32 rate:
@@ -7,8 +8,10 @@
 // every row of a batch shares each weight load from memory (up to 8 rows a tile, whose 16
 // accumulators stay in registers), so 8 rows cost little more than one. Products accumulate in
 // fp32 in the same order as vLLM's kernel, and a bias joins where vLLM's does (first up to 4 rows,
-// last from 5), so outputs are bit-identical to it. Larger batches (prefill chunks) go to vLLM's
-// kernel, whose brgemm is fast there.
+// last from 5), so outputs are bit-identical to it. Above 8 rows, each further tile of 8 reads the
+// block's weights again from L2: still 1.15-1.39x vLLM's brgemm at 24-64 rows on SmolLM2's shapes
+// (an n-gram step at batch 8 verifies 32 rows: 3 drafted tokens and one more, each). Larger
+// batches (prefill chunks) go to vLLM's kernel.
 //
 // The weight layout is vLLM's (`_C::convert_weight_packed`): blocks of 32 output channels (the last
 // may hold 16), each [K/2][channels][2], pairs of bf16 along K side by side.
@@ -20,15 +23,17 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 
 namespace {
 
 constexpr int64_t kBlockN = 32;    // output channels in one packed block
 constexpr int64_t kTileRows = 8;   // rows sharing one weight load
-constexpr int64_t kMaxRows = 16;   // above this, vLLM's brgemm path
+constexpr int64_t kMaxRows = 64;   // above this, vLLM's brgemm path
 constexpr int64_t kBiasFirstRows = 4;  // vLLM starts from the bias up to this many rows, adds it last above
 // Weights are read this far ahead into L2 (software prefetch): the hardware prefetcher alone kept
-// one row's stream at 25-27 GB/s of this machine's 33; 4 KB ahead 27-30 (8 KB: less at 8 rows).
+// one row's stream at 25-27 GB/s of this machine's 33, 4 KB ahead at 27-29 (8 KB ahead gained
+// less at 1 row and lost at 8; benchmarks/README.md, linear_kernels.py).
 constexpr int64_t kPrefetchBytes = 4096;
 
 enum Bias { kNone, kFirst, kLast };
@@ -48,7 +53,8 @@ void tile(const at::BFloat16* a, int64_t lda, const at::BFloat16* b, int64_t cha
 #pragma GCC unroll 2
     for (int j = 0; j < COLS; ++j) {
       const at::BFloat16* line = b + (kp * channels + j * 16) * 2;  // 64 bytes: 16 channels' pair
-      _mm_prefetch(reinterpret_cast<const char*>(line) + kPrefetchBytes, _MM_HINT_T1);  // never faults
+      // an address, past the weights near their end, that a prefetch never faults on
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(line) + kPrefetchBytes), _MM_HINT_T1);
       w[j] = (__m512bh)_mm512_loadu_si512(line);
     }
 #pragma GCC unroll 8

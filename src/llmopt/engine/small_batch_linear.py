@@ -40,7 +40,8 @@ FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mav
 # Products a new build must give vLLM's bits for before it is kept: SmolLM2's and Qwen's layer
 # shapes, a vocabulary-sized one, last blocks of 16 channels; every tile height and the hand-over.
 CHECKED_SHAPES = ((576, 576), (960, 576), (576, 1536), (49152, 64), (592, 576), (80, 64))
-CHECKED_ROWS = (1, 2, 4, 5, 8, 9, 16, 17, 40)
+MAX_ROWS = 64  # the most rows the kernel runs itself (`kMaxRows` in the source); more go to vLLM's
+CHECKED_ROWS = (1, 2, 4, 5, 8, 9, 16, 17, 40, MAX_ROWS, MAX_ROWS + 1)
 SELF_CHECK = """
 import sys, torch, vllm._C
 from vllm import _custom_ops as ops

@@ -33,6 +33,7 @@ class Candidate(BaseModel):
     recipe: dict[str, Any]
     estimate_s: float  # its time in this run: quantizing counted where it pays for it (`share_quantizing`)
     quantize_s: float = 0.0  # making its quantized weights: 0 without quantization, or where they are kept already
+    weights: str | None = None  # those weights' key (`quantization.kept_weights`): who shares them
     pays_quantizing: bool = False  # whether `estimate_s` holds `quantize_s`
     status: str = "pending"  # pending | done | failed | dropped
     reason: str | None = None  # why it failed, or was dropped
@@ -100,13 +101,12 @@ def _cache_bounds_concurrency(config: dict, concurrency: int, context_tokens: in
 
 
 def estimate_seconds(candidate: dict, source: Model, hardware: Hardware, level_requests: dict[int, int],
-                     min_level_s: float) -> tuple[float, float]:
-    """A candidate's time on this machine from the model's size, without quantizing, and its
-    quantizing's apart (0 where its weights are kept from an earlier job): the job's measuring engine
-    and the evaluation's (compiled once, then from the compile cache), and the load at every level:
-    its requests, at about 0.5 s plus 2.5 s per gigabyte of weights each on two cores (a QA request
-    on SmolLM2-135M took about 1 s alone, on the 1.5B about 8), served c at a time about c**0.4 times
-    as fast (prefills batch poorly on a CPU); quantizing with llm-compressor on the CPU. Rough, for
+                     min_level_s: float) -> float:
+    """A candidate's time on this machine from the model's size, quantizing apart (`quantizing`):
+    the job's measuring engine and the evaluation's (compiled once, then from the compile cache),
+    and the load at every level: its requests, at about 0.5 s plus 2.5 s per gigabyte of weights
+    each on two cores (a QA request on SmolLM2-135M took about 1 s alone, on the 1.5B about 8),
+    served c at a time about c**0.4 times as fast (prefills batch poorly on a CPU). Rough, for
     choosing what fits a budget."""
     gigabytes = source.size_bytes / 1e9
     slowdown = 2 / max(hardware.cores, 1)
@@ -116,19 +116,21 @@ def estimate_seconds(candidate: dict, source: Model, hardware: Hardware, level_r
     seconds = cold_start * slowdown + warm_start + load
     if candidate["name"] == "bf16":  # the reference's natural lengths: one pass at the highest level
         seconds += max(level_requests.values()) * request_s / max(level_requests) ** 0.4
-    return round(seconds, 0), round(_quantize_seconds(candidate, source) * gigabytes * slowdown, 0)
+    return round(seconds, 0)
 
 
-def _quantize_seconds(candidate: dict, source: Model) -> float:
-    """Seconds a gigabyte of weights to quantize this candidate's way; 0 where weights quantized the
-    same way are kept (the job links them)."""
+def quantizing(candidate: dict, source: Model, hardware: Hardware) -> tuple[float, str | None]:
+    """The seconds quantizing this candidate's weights takes with llm-compressor on the CPU (0 where
+    weights made the same way are kept: the job links them), and those weights' key (None without
+    quantization), which candidates that quantize alike share."""
     if not candidate.get("quantization"):
-        return 0.0
+        return 0.0, None
     parsed = recipe.parse({k: v for k, v in candidate.items() if k != "name"})
     kept = quantization.kept_weights(parsed.quantization, source, parsed.tensor_parallel_size)
     if (kept / quantization.KEPT_RECORD).is_file():
-        return 0.0
-    return {"smoothquant": 330, "awq": 1000, "fp8": 20}.get(parsed.quantization.method, 330)
+        return 0.0, kept.name
+    per_gigabyte = {"smoothquant": 330, "awq": 1000, "fp8": 20}.get(parsed.quantization.method, 330)
+    return round(per_gigabyte * source.size_bytes / 1e9 * 2 / max(hardware.cores, 1), 0), kept.name
 
 
 def share_quantizing(candidates: list[Candidate], first: str) -> None:
@@ -137,10 +139,9 @@ def share_quantizing(candidates: list[Candidate], first: str) -> None:
     (`first` runs first, then the list's order) that is not dropped pays for quantizing."""
     paid: set[str] = set()
     for candidate in sorted(candidates, key=lambda c: c.name != first):
-        weights = json.dumps(candidate.recipe.get("quantization"), sort_keys=True)
-        pays = candidate.quantize_s > 0 and candidate.status != "dropped" and weights not in paid
-        if pays:
-            paid.add(weights)
+        pays = candidate.quantize_s > 0 and candidate.status != "dropped" and candidate.weights not in paid
+        if pays and candidate.weights:
+            paid.add(candidate.weights)
         if candidate.status == "pending" and pays != candidate.pays_quantizing:  # a dropped one keeps what dropped it
             candidate.estimate_s += candidate.quantize_s if pays else -candidate.quantize_s
             candidate.pays_quantizing = pays

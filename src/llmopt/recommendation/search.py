@@ -129,9 +129,10 @@ def _candidates(found: list[dict], source: sources.Model, hardware: Hardware, le
                 min_level_s: float) -> list[Candidate]:
     made = []
     for c in found:
-        seconds, quantize_s = candidate_recipes.estimate_seconds(c, source, hardware, level_requests, min_level_s)
-        made.append(Candidate(name=c["name"], recipe={k: v for k, v in c.items() if k != "name"}, estimate_s=seconds,
-                              quantize_s=quantize_s))
+        quantize_s, weights = candidate_recipes.quantizing(c, source, hardware)
+        made.append(Candidate(name=c["name"], recipe={k: v for k, v in c.items() if k != "name"}, quantize_s=quantize_s,
+                              weights=weights, estimate_s=candidate_recipes.estimate_seconds(c, source, hardware, level_requests,
+                                                                                             min_level_s)))
     candidate_recipes.share_quantizing(made, REFERENCE)
     return made
 
