@@ -7,9 +7,10 @@ if it is not yet), which stands in for vLLM's up to 64 rows. `--out NAME` writes
 Weights are cold, as in a decode step that streams the whole model: each shape gets enough
 distinct weight copies to fill 300 MB (ten times this machine's last-level cache) and the copies
 are taken in turn. Prints the time per call and the weight bytes streamed per second, at 1, 8, 16,
-40 and 256 rows (decode at batch 1, 8 and 16, n-gram verifying 4 drafted tokens at batch 8, a prefill chunk), with the largest difference from an
-fp32 reference relative to its largest value. Runs itself again in the environment llmopt gives the
-engine here (tcmalloc and Intel OpenMP preloaded, its OpenMP threads). Writes
+40 and 256 rows (decode at batch 1, 8 and 16, n-gram verifying 4 drafted tokens at batch 8, a
+prefill chunk), with the largest difference from an fp32 reference relative to its largest
+value. Runs itself again in the environment llmopt gives the engine here (tcmalloc and Intel
+OpenMP preloaded, its OpenMP threads). Writes
 benchmarks/results/linear_kernels.json.
 
 With `--zentorch` (AMD processors; needs `pip install zentorch==2.13.0.2`, AMD's ZenDNN plugin for

@@ -29,7 +29,7 @@ namespace {
 
 constexpr int64_t kBlockN = 32;    // output channels in one packed block
 constexpr int64_t kTileRows = 8;   // rows sharing one weight load
-constexpr int64_t kMaxRows = 64;   // above this, vLLM's brgemm path
+constexpr int64_t kMaxRows = LLMOPT_MAX_ROWS;  // small_batch_linear.MAX_ROWS; above this, vLLM's brgemm path
 constexpr int64_t kBiasFirstRows = 4;  // vLLM starts from the bias up to this many rows, adds it last above
 // Weights are read this far ahead into L2 (software prefetch): the hardware prefetcher alone kept
 // one row's stream at 25-27 GB/s of this machine's 33, 4 KB ahead at 27-29 (8 KB ahead gained

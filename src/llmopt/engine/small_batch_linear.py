@@ -35,12 +35,13 @@ from llmopt.errors import LlmoptError
 
 SOURCE = Path(__file__).with_name("small_batch_linear.cpp")
 LIBRARY_ENV = "LLMOPT_SMALL_BATCH_LINEAR"  # the built library's path: the engine core loads it
+MAX_ROWS = 64  # the most rows the kernel runs itself (given to the source as LLMOPT_MAX_ROWS); more go to vLLM's
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16",
-         "-D_GLIBCXX_USE_CXX11_ABI=1")  # torch's wheels since 2.7; a mismatch fails the build's self-check
+         "-D_GLIBCXX_USE_CXX11_ABI=1",  # torch's wheels since 2.7; a mismatch fails the build's self-check
+         f"-DLLMOPT_MAX_ROWS={MAX_ROWS}")
 # Products a new build must give vLLM's bits for before it is kept: SmolLM2's and Qwen's layer
 # shapes, a vocabulary-sized one, last blocks of 16 channels; every tile height and the hand-over.
 CHECKED_SHAPES = ((576, 576), (960, 576), (576, 1536), (49152, 64), (592, 576), (80, 64))
-MAX_ROWS = 64  # the most rows the kernel runs itself (`kMaxRows` in the source); more go to vLLM's
 CHECKED_ROWS = (1, 2, 4, 5, 8, 9, 16, 17, 40, MAX_ROWS, MAX_ROWS + 1)
 SELF_CHECK = """
 import sys, torch, vllm._C
