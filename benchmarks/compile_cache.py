@@ -1,11 +1,13 @@
-"""Engine starts side by side: cold, precompiled as llmopt starts it, and precompiled the ways
-llmopt did before (its engine core spawned, as vLLM's CPU platform does, rather than forked; and
+"""Engine starts side by side: cold, cold with Inductor's C++ kernels kept from an earlier compile
+(another entry's, as a second recipe's first start has them), precompiled as llmopt starts it, and
+precompiled the ways llmopt did before (its engine core spawned, as vLLM's CPU platform does, rather than forked; and
 vLLM's own server with its saved compiled model off, Inductor's caches only).
 Process start to ready, same model, same flags, same machine, with each start's phases from the
 engine's log (`vllm.start_phases`).
 
-Each round deletes the compile-cache entry for the configuration, deploys (a cold start: vLLM
-compiles and saves the compiled model into llmopt's compile cache), stops, deploys again (a
+Each round deletes the compile-cache entry for the configuration and the kept kernels, deploys (a
+cold start: vLLM compiles and saves the compiled model into llmopt's compile cache), stops, deletes
+the entry again and deploys (cold, the kernels kept by the first start copied in), deploys again (a
 precompiled start: the saved model is loaded, nothing is traced or compiled), deploys once more with
 the engine core spawned (`platform.SPAWNED_CORE_ENV`), then starts vLLM's
 plain server against a scratch Inductor cache filled by a cold start of its own. Reports the
@@ -60,33 +62,43 @@ def plain_start(cache: Path, log: Path) -> tuple[float, dict[str, float]]:
 
 
 def main(rounds: int) -> None:
-    cold, warm, spawned, plain, phases = [], [], [], [], {}
+    cold, kept, warm, spawned, plain, phases = [], [], [], [], [], {}
     for r in range(rounds):
         entry = compile_cache.entry_for(sources.resolve(MODEL).path, ENGINE, platform.detect())
         shutil.rmtree(entry.path)  # this round's cold start begins from nothing
+        shutil.rmtree(compile_cache.root() / compile_cache.KERNELS_DIR, ignore_errors=True)
         first = start()
+        shutil.rmtree(entry.path)
+        reusing = start()
         second = start()
         third = start(spawned=True)
-        assert first.outcome == "compiled" and second.outcome == third.outcome == "precompiled", (first, second, third)
+        assert first.outcome == reusing.outcome == "compiled" and second.outcome == third.outcome == "precompiled", (
+            first, reusing, second, third)
+        assert first.kernels_reused == 0 and reusing.kernels_reused > 0, (first, reusing)
         with tempfile.TemporaryDirectory() as scratch:
             plain_start(Path(scratch), Path(scratch) / "cold.log")  # fills the scratch Inductor cache
             before, before_phases = plain_start(Path(scratch), Path(scratch) / "warm.log")
         cold.append(first.ready_seconds)
+        kept.append(reusing.ready_seconds)
         warm.append(second.ready_seconds)
         spawned.append(third.ready_seconds)
         plain.append(round(before, 2))
-        phases = {"cold": first.phases, "precompiled": second.phases, "precompiled, core spawned": third.phases,
+        phases = {"cold": first.phases, "cold, kernels kept": reusing.phases, "precompiled": second.phases, "precompiled, core spawned": third.phases,
                   "precompiled, saved model off": before_phases}
-        print(f"round {r + 1}: cold {cold[-1]:.1f} s, precompiled {warm[-1]:.1f} s ({second.compiled_files_added} files "
+        print(f"round {r + 1}: cold {cold[-1]:.1f} s, cold with {reusing.kernels_reused} kernels kept {kept[-1]:.1f} s, precompiled {warm[-1]:.1f} s ({second.compiled_files_added} files "
               f"compiled), with the engine core spawned {spawned[-1]:.1f} s, with the saved model off {plain[-1]:.1f} s", flush=True)
     row = {"model": MODEL, "processor": platform.detect().cpu_model, "engine": ENGINE.model_dump(mode="json"),
-           "rounds": rounds, "cold_s": cold, "precompiled_s": warm, "precompiled_core_spawned_s": spawned,
+           "rounds": rounds, "cold_s": cold, "cold_kernels_kept_s": kept, "kernels_reused": reusing.kernels_reused,
+           "precompiled_s": warm, "precompiled_core_spawned_s": spawned,
            "precompiled_saved_model_off_s": plain, "cold_median_s": statistics.median(cold),
+           "cold_kernels_kept_median_s": statistics.median(kept),
            "precompiled_median_s": statistics.median(warm), "precompiled_core_spawned_median_s": statistics.median(spawned),
            "precompiled_saved_model_off_median_s": statistics.median(plain), "last_round_phases_s": phases}
     row["ratio"] = round(row["precompiled_median_s"] / row["cold_median_s"], 3)
     row["saved_model_off_ratio"] = round(row["precompiled_saved_model_off_median_s"] / row["cold_median_s"], 3)
-    print(f"\ncold start median {row['cold_median_s']:.1f} s, precompiled {row['precompiled_median_s']:.1f} s "
+    row["kernels_kept_ratio"] = round(row["cold_kernels_kept_median_s"] / row["cold_median_s"], 3)
+    print(f"\ncold start median {row['cold_median_s']:.1f} s, with the kernels kept {row['cold_kernels_kept_median_s']:.1f} s "
+          f"({row['kernels_kept_ratio']}x), precompiled {row['precompiled_median_s']:.1f} s "
           f"({row['ratio']}x), with the engine core spawned {row['precompiled_core_spawned_median_s']:.1f} s, with the saved model off {row['precompiled_saved_model_off_median_s']:.1f} s "
           f"({row['saved_model_off_ratio']}x)")
     names = list(next(iter(phases.values())))

@@ -297,3 +297,12 @@ def test_start_phases_from_a_real_log_and_from_anything() -> None:
     assert vllm.start_phases(log[:log.index("Warming up model")], started, 20.09) == {
         "server process and imports": 5.9, "engine-core process and imports": 7.0, "KV cache, server up": 7.2}
     assert vllm.start_phases("(APIServer pid=1) INFO 99-99 99:99:99 x\n", started, 3.0) == {"KV cache, server up": 3.0}
+
+
+def test_kernels_reused_are_counted_for_the_last_start_only() -> None:
+    log = (Path(__file__).parent / "golden" / "engine-start.log").read_text()
+    assert vllm.kernels_reused(log) == 0
+    line = f"(EngineCore pid=6473) INFO 11-23 23:43:05 [serve.py:120] {platform.KERNEL_REUSED_LINE}: ab/cab.main.so\n"
+    reused = log + 2 * line
+    assert vllm.kernels_reused(reused) == 2
+    assert vllm.kernels_reused(reused + log) == 0  # a later start appended its own part, which reused none

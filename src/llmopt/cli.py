@@ -189,7 +189,9 @@ def _start_line(start: Any) -> str:
     key = start.key[:12]
     if start.outcome == "precompiled":
         return f"start: precompiled (compile cache {key}, no graph compiled); the cold start took {start.cold_ready_seconds:.1f} s"
-    return f"start: {start.outcome} ({start.compiled_files_added} compiled files added to compile cache {key}; the next start reuses them)"
+    kept = f", {start.kernels_reused} C++ kernels copied from earlier compiles" if start.kernels_reused else ""
+    return (f"start: {start.outcome} ({start.compiled_files_added} compiled files added to compile cache {key}{kept}; "
+            "the next start reuses them)")
 
 
 @endpoints_app.command("list")

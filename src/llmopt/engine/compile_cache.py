@@ -39,6 +39,7 @@ COMPILED_DIRS = ("inductor", "vllm")
 # VLLM_CPU_KVCACHE_SPACE and VLLM_ENABLE_V1_MULTIPROCESSING but keys the reserved cores' variable).
 IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload", "kv_cache_gib", "executor", "stream_interval"})
 SERVED_DIR = ".served"  # per key: the links through which every start names its model
+KERNELS_DIR = ".kernels"  # Inductor's compiled C++ kernels, by Inductor's own name for them, shared by every entry
 # Speculation settings that change no compiled graph: how many tokens are proposed and how they are
 # looked up only change how many tokens a step verifies, a dynamic shape (vLLM's own key for its
 # saved model keeps the method's kind and the draft's config, not these, on CPU; on a GPU its key
@@ -144,6 +145,7 @@ class Start(BaseModel):
     cold_ready_seconds: float | None = None  # the entry's first, compiling start
     discarded_interrupted_compile_files: int = 0
     phases: dict[str, float] = {}  # seconds by phase of the start, from the server's log (`vllm.start_phases`)
+    kernels_reused: int = 0  # Inductor's C++ kernels copied from earlier compiles, not built (`vllm.kernels_reused`)
 
 
 @dataclass
@@ -160,6 +162,7 @@ class Entry:
             "VLLM_USE_AOT_COMPILE": "1",
             "TORCHINDUCTOR_CACHE_DIR": str(self.path / "inductor"),
             "VLLM_CACHE_ROOT": str(self.path / "vllm"),
+            platform.INDUCTOR_KERNELS_ENV: str(root() / KERNELS_DIR),
         }
 
     def compiled_files(self) -> set[str]:
@@ -218,7 +221,7 @@ class Watch:
             self._state = entry.compiled_state(self.before)
         marker.write_text(json.dumps({"pid": os.getpid(), "compiled": self._state}))
 
-    def ready(self, ready_seconds: float, phases: dict[str, float] | None = None) -> "Start":
+    def ready(self, ready_seconds: float, phases: dict[str, float] | None = None, kernels_reused: int = 0) -> "Start":
         """The engine answered: what it compiled is whole. Lets the next start of this key go."""
         added = len(self.entry.compiled_files() - self.before)
         if not self.before:
@@ -228,7 +231,8 @@ class Watch:
         outcome = "precompiled" if self.before and not added else "compiled" if not self.before else "partly compiled"
         return Start(key=self.entry.key, outcome=outcome, compiled_files_added=added, ready_seconds=ready_seconds,
                      cold_ready_seconds=self.entry.meta.get("cold_ready_seconds"),
-                     discarded_interrupted_compile_files=self.discarded, phases=phases or {})
+                     discarded_interrupted_compile_files=self.discarded, phases=phases or {},
+                     kernels_reused=kernels_reused)
 
     def served(self, model_path: str, config: EngineConfig) -> tuple[str, EngineConfig]:
         """The model's path (and the draft's) as this start gives them to vLLM: a link, the same for
@@ -357,6 +361,8 @@ def prune(older_than_s: float | None = None, keep: frozenset[str] = frozenset())
         removed.append(describe(entry))
         shutil.rmtree(entry.path)
         shutil.rmtree(root() / SERVED_DIR / entry.key, ignore_errors=True)
+    if not list_entries():
+        shutil.rmtree(root() / KERNELS_DIR, ignore_errors=True)
     return removed
 
 

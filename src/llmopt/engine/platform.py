@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict
 from llmopt.engine import small_batch_linear
 
 PACKED_LINEAR_ENV = "LLMOPT_PACKED_LINEAR"  # set: llmopt's server module gives linear layers vLLM's packed kernels
+INDUCTOR_KERNELS_ENV = "LLMOPT_INDUCTOR_KERNELS"  # a folder: the server shares Inductor's compiled C++ kernels there
+KERNEL_REUSED_LINE = "llmopt: Inductor's C++ kernel reused from an earlier compile"  # the server logs one a kernel
 SPAWNED_CORE_ENV = "LLMOPT_SPAWNED_ENGINE_CORE"  # set: its engine core is spawned, as vLLM's CPU platform does (benchmarks)
 TCMALLOC_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
@@ -135,6 +137,13 @@ def default_linear_kernels(hw: Hardware) -> str:
     if not small_batch_linear_applies(hw):
         return "vllm"
     return "llmopt" if small_batch_linear.built() else "packed"
+
+
+def linear_kernels_build(hw: Hardware) -> str:
+    """The default linear kernels here down to the build of llmopt's kernel: what a measurement
+    depends on, where the kernel's name alone would let a rebuilt kernel reuse older figures."""
+    kernels = default_linear_kernels(hw)
+    return small_batch_linear.library_path().stem if kernels == "llmopt" else kernels
 
 
 def torch_version() -> str:

@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
+from typing import Any, Sequence
 
 from llmopt.engine import small_batch_linear
-from llmopt.engine.platform import PACKED_LINEAR_ENV, SPAWNED_CORE_ENV
+from llmopt.engine.platform import INDUCTOR_KERNELS_ENV, KERNEL_REUSED_LINE, PACKED_LINEAR_ENV, SPAWNED_CORE_ENV
 
 
 def _finalized_as_loaded() -> None:
@@ -97,6 +99,42 @@ def _forked_engine_core() -> None:
     utils.get_mp_context = fork  # imported by name there, and called once the engine is configured
 
 
+def _shared_inductor_kernels(folder: str) -> None:
+    """Every compile-cache entry is compiled in a folder of its own (vLLM points Inductor's cache
+    into its saved model), so each compiling start built the same C++ kernels again: SmolLM2's bf16,
+    n-gram and chunked-prefill entries have the same 11, SmoothQuant's those and one more. Inductor names
+    a kernel's library by the hash of its source and compile command; a library built once is
+    kept in `folder` under that name and copied in where a later compile asks for it."""
+    import shutil
+    import tempfile
+
+    from torch._inductor import codecache
+    from torch.utils._filelock import FileLock
+    from vllm.logger import init_logger
+
+    logger = init_logger("vllm.llmopt")
+    compile_kernels = codecache._worker_compile_cpp
+    kept = Path(folder)
+
+    def compile_or_copy(lock_path: str, builders: Sequence[Any]) -> None:
+        library = Path(builders[-1].get_target_file_path())  # the last builder links what the others compiled
+        if library.suffix != ".so":  # a precompiled header, which Inductor keeps in a folder of its own
+            return compile_kernels(lock_path, builders)
+        with FileLock(lock_path, timeout=codecache.LOCK_TIMEOUT):
+            if not library.exists() and (kept / library.name).is_file():
+                shutil.copy2(kept / library.name, library)
+                logger.info("%s: %s", KERNEL_REUSED_LINE, library.name)
+            if library.exists():
+                return
+        compile_kernels(lock_path, builders)
+        kept.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=kept, delete=False) as part:  # whole or not at all, for starts side by side
+            shutil.copyfile(library, part.name)
+        os.replace(part.name, kept / library.name)
+
+    codecache._worker_compile_cpp = compile_or_copy  # looked up by name when Inductor queues a compile
+
+
 def linear_kernels_from_environment() -> None:
     """The linear kernels llmopt's environment asks for, in this process: the engine core's (a
     forked core inherits them) or a benchmark's that runs vLLM's offline API."""
@@ -109,6 +147,8 @@ def linear_kernels_from_environment() -> None:
 _finalized_as_loaded()
 if __name__ in ("__main__", "__mp_main__"):
     linear_kernels_from_environment()
+    if os.environ.get(INDUCTOR_KERNELS_ENV):
+        _shared_inductor_kernels(os.environ[INDUCTOR_KERNELS_ENV])
 
 if __name__ == "__main__":
     from vllm.entrypoints.launchers.api_server.entry import main

@@ -320,7 +320,7 @@ def start_phases(log_text: str, started_at: float, ready_seconds: float) -> dict
     count too). Phases whose line is not in the log (a GPU start has no CPU warm-up) are left
     out; their time goes to the next phase found."""
     year = time.localtime(started_at).tm_year
-    log_text = log_text[log_text.rfind("\n$ ") + 1:]  # this start's part: a log a start appends to has earlier ones
+    log_text = _this_start(log_text)
     stamped = [(m.group(1), _line_at(log_text, m.start())) for m in LOG_TIME.finditer(log_text)]
     phases: dict[str, float] = {}
     previous = end = started_at
@@ -337,6 +337,17 @@ def start_phases(log_text: str, started_at: float, ready_seconds: float) -> dict
         phases[name] = round(end - previous, 1)
         previous = end
     return phases
+
+
+def kernels_reused(log_text: str) -> int:
+    """How many of Inductor's C++ kernels an engine start copied from earlier compiles rather than
+    built (`engine/serve.py`), from the server's log."""
+    return _this_start(log_text).count(platform.KERNEL_REUSED_LINE)
+
+
+def _this_start(log_text: str) -> str:
+    """The last start's part of a log that starts append to."""
+    return log_text[log_text.rfind("\n$ ") + 1:]
 
 
 def _line_at(text: str, start: int) -> str:

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 
 from llmopt import catalog, compatibility, recipe
 from llmopt.engine.config import EngineConfig
@@ -31,15 +31,21 @@ KV_BYTES_PER_ELEMENT = 2  # bf16 cache
 class Candidate(BaseModel):
     name: str
     recipe: dict[str, Any]
-    estimate_s: float  # its time in this run: quantizing counted where it pays for it (`share_quantizing`)
+    base_s: float  # its time without quantizing (`estimate_seconds`)
     quantize_s: float = 0.0  # making its quantized weights: 0 without quantization, or where they are kept already
     weights: str | None = None  # those weights' key (`quantization.kept_weights`): who shares them
-    pays_quantizing: bool = False  # whether `estimate_s` holds `quantize_s`
+    pays_quantizing: bool = False  # whether this run's quantizing of `weights` falls to it (`share_quantizing`)
     status: str = "pending"  # pending | done | failed | dropped
     reason: str | None = None  # why it failed, or was dropped
     job: str | None = None
     artifact: str | None = None
     seconds: float | None = None  # what it took
+
+    @computed_field
+    @property
+    def estimate_s(self) -> float:
+        """Its time in this run: what the budget weighs and the table shows."""
+        return self.base_s + (self.quantize_s if self.pays_quantizing else 0.0)
 
 
 class Excluded(BaseModel):
@@ -142,6 +148,5 @@ def share_quantizing(candidates: list[Candidate], first: str) -> None:
         pays = candidate.quantize_s > 0 and candidate.status != "dropped" and candidate.weights not in paid
         if pays and candidate.weights:
             paid.add(candidate.weights)
-        if candidate.status == "pending" and pays != candidate.pays_quantizing:  # a dropped one keeps what dropped it
-            candidate.estimate_s += candidate.quantize_s if pays else -candidate.quantize_s
+        if candidate.status == "pending":  # a dropped one keeps the estimate that dropped it
             candidate.pays_quantizing = pays

@@ -61,14 +61,15 @@ class RecommendSpec(BaseModel):
     def identity(self, source: sources.Model, hardware: Hardware) -> str:
         """What makes two runs the same run: the arguments that say what is measured (the goal, targets
         and budget only rank and choose), and what the measurements depend on besides: the model's
-        and the recipe files' contents, the machine, the engine and llmopt's release. A saved run is
-        reused for none of those changed."""
+        and the recipe files' contents, the machine, the engine, the build of its linear kernels and
+        llmopt's release. A saved run is reused for none of those changed."""
         measured = {
             "model": self.model, "plan": _plan(self).model_dump(mode="json"),  # how every level is loaded
             "content": source.content_hash,
             "recipes": [hashing.file_sha256(Path(r)) if Path(r).is_file() else r for r in self.recipes],
             "hardware": hardware.model_dump(mode="json", include={"device", "cpu_model", "cores", "cpu_flags", "gpu", "gpu_count"}),
-            "engine": vllm.engine_name_version(), "llmopt": md.version("llmopt"),
+            "engine": vllm.engine_name_version(), "kernels": platform.linear_kernels_build(hardware),
+            "llmopt": md.version("llmopt"),
         }
         return hashing.json_sha256(measured)[:10]
 
@@ -131,8 +132,8 @@ def _candidates(found: list[dict], source: sources.Model, hardware: Hardware, le
     for c in found:
         quantize_s, weights = candidate_recipes.quantizing(c, source, hardware)
         made.append(Candidate(name=c["name"], recipe={k: v for k, v in c.items() if k != "name"}, quantize_s=quantize_s,
-                              weights=weights, estimate_s=candidate_recipes.estimate_seconds(c, source, hardware, level_requests,
-                                                                                             min_level_s)))
+                              weights=weights, base_s=candidate_recipes.estimate_seconds(c, source, hardware, level_requests,
+                                                                                         min_level_s)))
     candidate_recipes.share_quantizing(made, REFERENCE)
     return made
 

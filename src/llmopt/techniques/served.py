@@ -49,7 +49,8 @@ def served(ctx: BuildContext, model_path: str, engine: EngineConfig, purpose: st
         try:
             server.wait_ready(READY_TIMEOUT_S)
             ready = round(time.monotonic() - started, 2)
-            phases = vllm.start_phases(log_path.read_text(errors="replace"), started_at, ready)
-            yield Served(server, log_path, ready, cache.ready(ready, phases), cache.entry)
+            log = log_path.read_text(errors="replace")
+            start = cache.ready(ready, vllm.start_phases(log, started_at, ready), vllm.kernels_reused(log))
+            yield Served(server, log_path, ready, start, cache.entry)
         finally:
             server.stop()
