@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -147,10 +149,14 @@ def test_cache_list_and_prune(compiled: llmopt.Job, endpoint) -> None:
     month_ago = time.time() - 40 * 86400
     for key in [*planted, *live]:
         os.utime(compile_cache.root() / key / compile_cache.KEY_FILE, (month_ago, month_ago))
+    kernels = compile_cache.root() / compile_cache.KERNELS_DIR
+    assert (kernels / platform.torch_version()).is_dir(), "the compiles so far kept their C++ kernels"
+    (kernels / "1.0.0+cpu").mkdir()  # kept for a torch no entry has any more
     pruned = run_cli("cache", "prune")
     assert pruned.returncode == 0, pruned.stderr
     assert "2 entries removed" in pruned.stdout and all(f"removed {key[:16]}" in pruned.stdout for key in planted)
     assert {e.key for e in compile_cache.list_entries()} == {e.key for e in entries}
+    assert [p.name for p in kernels.iterdir()] == [platform.torch_version()]
 
 
 def _key(tmp: Path, weights: dict[str, np.ndarray] | None = None, config: dict | None = None, settings: dict | None = None,
@@ -306,3 +312,46 @@ def test_kernels_reused_are_counted_for_the_last_start_only() -> None:
     reused = log + 2 * line
     assert vllm.kernels_reused(reused) == 2
     assert vllm.kernels_reused(reused + log) == 0  # a later start appended its own part, which reused none
+
+
+KEEPING = '''
+import shutil, sys
+from pathlib import Path
+from llmopt.engine import serve  # imports vLLM, and torch with it
+from torch._inductor import codecache
+
+root, built = Path(sys.argv[1]), []
+
+class Builder:
+    def __init__(self, target): self.target = target
+    def get_target_file_path(self): return str(self.target)
+
+def compile_kernels(lock_path, builders):
+    built.append(builders[-1].target.name)
+    builders[-1].target.write_bytes(b"library of " + str(builders[-1].target.parent).encode())
+
+codecache._worker_compile_cpp = compile_kernels
+serve._shared_inductor_kernels(str(root / "kept"))
+shared = codecache._worker_compile_cpp
+for entry in "abcd":
+    (root / entry).mkdir()
+shared(str(root / "1.lock"), [Builder(root / "a" / "k.main.so")])
+shared(str(root / "2.lock"), [Builder(root / "b" / "k.o"), Builder(root / "b" / "k.main.so")])  # the last builder links
+shared(str(root / "3.lock"), [Builder(root / "a" / "h.h.gch")])  # a precompiled header: built, never kept
+copyfile = shutil.copyfile
+shutil.copyfile = lambda *args: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+shared(str(root / "4.lock"), [Builder(root / "c" / "other.main.so")])  # kept nowhere, built all the same
+shared(str(root / "5.lock"), [Builder(root / "d" / "k.main.so")])  # not copied in: built instead
+shutil.copyfile = copyfile
+print(built, sorted(p.name for p in (root / "kept").iterdir()), (root / "b" / "k.main.so").read_bytes().decode())
+'''
+
+
+def test_inductor_kernels_are_kept_whole_and_copied_in_by_name(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", KEEPING, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    built, kept, copied = done.stdout.strip().splitlines()[-1].split("] ")
+    assert built == "['k.main.so', 'h.h.gch', 'other.main.so', 'k.main.so'"  # b's was copied in, not built
+    assert kept == "['k.main.so'"  # no partial copies left behind, no header, nothing where keeping failed
+    assert copied == f"library of {tmp_path / 'a'}"  # the library a built, whole
+    assert "not kept for later compiles: [Errno 28]" in done.stderr + done.stdout

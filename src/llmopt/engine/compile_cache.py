@@ -39,7 +39,7 @@ COMPILED_DIRS = ("inductor", "vllm")
 # VLLM_CPU_KVCACHE_SPACE and VLLM_ENABLE_V1_MULTIPROCESSING but keys the reserved cores' variable).
 IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload", "kv_cache_gib", "executor", "stream_interval"})
 SERVED_DIR = ".served"  # per key: the links through which every start names its model
-KERNELS_DIR = ".kernels"  # Inductor's compiled C++ kernels, by Inductor's own name for them, shared by every entry
+KERNELS_DIR = ".kernels"  # Inductor's compiled C++ kernels by Inductor's name for them, per torch version, shared by every entry
 # Speculation settings that change no compiled graph: how many tokens are proposed and how they are
 # looked up only change how many tokens a step verifies, a dynamic shape (vLLM's own key for its
 # saved model keeps the method's kind and the draft's config, not these, on CPU; on a GPU its key
@@ -157,12 +157,14 @@ class Entry:
     @property
     def env(self) -> dict[str, str]:
         """For a start by `vllm.LOCAL_SERVER_MODULE`: vLLM points Inductor's own cache into its
-        saved model's folder; Inductor's folder here takes what compiles outside that."""
+        saved model's folder; Inductor's folder here takes what compiles outside that. The kept
+        C++ kernels every entry of this torch version shares (`engine/serve.py`) go by name only,
+        which does not hash torch's headers: they are kept apart by torch's version."""
         return {
             "VLLM_USE_AOT_COMPILE": "1",
             "TORCHINDUCTOR_CACHE_DIR": str(self.path / "inductor"),
             "VLLM_CACHE_ROOT": str(self.path / "vllm"),
-            platform.INDUCTOR_KERNELS_ENV: str(root() / KERNELS_DIR),
+            platform.INDUCTOR_KERNELS_ENV: str(root() / KERNELS_DIR / str(self.components["torch"])),
         }
 
     def compiled_files(self) -> set[str]:
@@ -361,8 +363,11 @@ def prune(older_than_s: float | None = None, keep: frozenset[str] = frozenset())
         removed.append(describe(entry))
         shutil.rmtree(entry.path)
         shutil.rmtree(root() / SERVED_DIR / entry.key, ignore_errors=True)
-    if not list_entries():
-        shutil.rmtree(root() / KERNELS_DIR, ignore_errors=True)
+    versions = {str(entry.components["torch"]) for entry in list_entries()}
+    kernels = root() / KERNELS_DIR
+    for folder in (kernels.iterdir() if kernels.is_dir() else ()):
+        if folder.name not in versions:  # kept for entries of a torch no entry has any more
+            shutil.rmtree(folder, ignore_errors=True)
     return removed
 
 

@@ -1,7 +1,8 @@
 """vLLM's OpenAI server as llmopt starts it on this machine: vLLM's own server, with a
 compatibility fix so that a precompiled start loads the model vLLM compiled and saved before,
-vLLM's packed-weight linear kernels where llmopt chose them, and on CPU its engine core forked
-rather than spawned.
+vLLM's packed-weight linear kernels where llmopt chose them, on CPU its engine core forked
+rather than spawned, and Inductor's compiled C++ kernels shared between compile-cache entries
+(`_shared_inductor_kernels`).
 
 vLLM saves a compiled model whole (Dynamo's trace and Inductor's code, `VLLM_USE_AOT_COMPILE`).
 On CPU, vLLM 0.32 compiles with the stock "inductor" backend, whose saved function is torch's
@@ -102,9 +103,10 @@ def _forked_engine_core() -> None:
 def _shared_inductor_kernels(folder: str) -> None:
     """Every compile-cache entry is compiled in a folder of its own (vLLM points Inductor's cache
     into its saved model), so each compiling start built the same C++ kernels again: SmolLM2's bf16,
-    n-gram and chunked-prefill entries have the same 11, SmoothQuant's those and one more. Inductor names
-    a kernel's library by the hash of its source and compile command; a library built once is
-    kept in `folder` under that name and copied in where a later compile asks for it."""
+    n-gram and chunked-prefill entries have the same 11, SmoothQuant's those and one more. Inductor
+    names a kernel's library by the hash of its source and compile command; a library built once is
+    kept in `folder` (one per torch version) under that name and copied in where a later compile asks
+    for it. Keeping is a favour: where it fails, the start goes on with what it built."""
     import shutil
     import tempfile
 
@@ -113,8 +115,19 @@ def _shared_inductor_kernels(folder: str) -> None:
     from vllm.logger import init_logger
 
     logger = init_logger("vllm.llmopt")
-    compile_kernels = codecache._worker_compile_cpp
+    compile_kernels = getattr(codecache, "_worker_compile_cpp", None)
+    if compile_kernels is None:  # another torch: its kernels are built as it builds them
+        return
     kept = Path(folder)
+
+    def whole_copy(source: Path, target: Path) -> None:
+        """A reader finds the whole file or none: Inductor trusts a library that exists."""
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".part-", delete=False) as part:
+            try:
+                shutil.copyfile(source, part.name)
+                os.replace(part.name, target)
+            finally:
+                Path(part.name).unlink(missing_ok=True)
 
     def compile_or_copy(lock_path: str, builders: Sequence[Any]) -> None:
         library = Path(builders[-1].get_target_file_path())  # the last builder links what the others compiled
@@ -122,15 +135,19 @@ def _shared_inductor_kernels(folder: str) -> None:
             return compile_kernels(lock_path, builders)
         with FileLock(lock_path, timeout=codecache.LOCK_TIMEOUT):
             if not library.exists() and (kept / library.name).is_file():
-                shutil.copy2(kept / library.name, library)
-                logger.info("%s: %s", KERNEL_REUSED_LINE, library.name)
+                try:
+                    whole_copy(kept / library.name, library)
+                    logger.info("%s: %s", KERNEL_REUSED_LINE, library.name)
+                except OSError as exc:  # then built here, as without it
+                    logger.warning("llmopt: Inductor's kept kernel %s not copied in: %s", library.name, exc)
             if library.exists():
                 return
         compile_kernels(lock_path, builders)
-        kept.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=kept, delete=False) as part:  # whole or not at all, for starts side by side
-            shutil.copyfile(library, part.name)
-        os.replace(part.name, kept / library.name)
+        try:
+            kept.mkdir(parents=True, exist_ok=True)
+            whole_copy(library, kept / library.name)
+        except OSError as exc:  # a full disk, or the folder pruned meanwhile
+            logger.warning("llmopt: Inductor's kernel %s not kept for later compiles: %s", library.name, exc)
 
     codecache._worker_compile_cpp = compile_or_copy  # looked up by name when Inductor queues a compile
 

@@ -41,7 +41,7 @@ class Candidate(BaseModel):
     artifact: str | None = None
     seconds: float | None = None  # what it took
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def estimate_s(self) -> float:
         """Its time in this run: what the budget weighs and the table shows."""
