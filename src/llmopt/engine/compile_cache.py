@@ -223,8 +223,9 @@ class Watch:
             self._state = entry.compiled_state(self.before)
         marker.write_text(json.dumps({"pid": os.getpid(), "compiled": self._state}))
 
-    def ready(self, ready_seconds: float, phases: dict[str, float] | None = None, kernels_reused: int = 0) -> "Start":
-        """The engine answered: what it compiled is whole. Lets the next start of this key go."""
+    def ready(self, ready_seconds: float, started_at: float = 0.0, log_text: str = "") -> "Start":
+        """The engine answered: what it compiled is whole. Lets the next start of this key go. Its
+        phases and the kernels it copied are read from the server's log (`log_text`), where given."""
         added = len(self.entry.compiled_files() - self.before)
         if not self.before:
             self.entry.record(cold_ready_seconds=ready_seconds)
@@ -233,8 +234,9 @@ class Watch:
         outcome = "precompiled" if self.before and not added else "compiled" if not self.before else "partly compiled"
         return Start(key=self.entry.key, outcome=outcome, compiled_files_added=added, ready_seconds=ready_seconds,
                      cold_ready_seconds=self.entry.meta.get("cold_ready_seconds"),
-                     discarded_interrupted_compile_files=self.discarded, phases=phases or {},
-                     kernels_reused=kernels_reused)
+                     discarded_interrupted_compile_files=self.discarded,
+                     phases=vllm.start_phases(log_text, started_at, ready_seconds) if log_text else {},
+                     kernels_reused=vllm.kernels_reused(log_text))
 
     def served(self, model_path: str, config: EngineConfig) -> tuple[str, EngineConfig]:
         """The model's path (and the draft's) as this start gives them to vLLM: a link, the same for
