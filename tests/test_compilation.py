@@ -134,6 +134,9 @@ def test_cache_list_and_prune(compiled: llmopt.Job, endpoint) -> None:
     assert listed.returncode == 0 and "Compile cache" in listed.stdout
     entries = compile_cache.list_entries()
     assert all(e.key[:16] in listed.stdout for e in entries)
+    kept = next(k for k in llmopt.kept_kernels() if k.torch == platform.torch_version())
+    assert kept.libraries > 0 and kept.size_bytes > 0
+    assert f"kept C++ kernels for torch {kept.torch}: {kept.libraries} libraries" in " ".join(listed.stdout.split())
     live = endpoints.compile_cache_keys_in_use()
     assert live, "the session endpoint started from an entry"
     # two planted copies of the compiled job's entry, unused for 40 days, go; the live endpoint's entry,

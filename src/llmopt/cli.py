@@ -382,6 +382,9 @@ def cache_list(as_json: bool = JSON) -> None:
              f"{e.size_bytes / 1e6:.1f}", f"{e.cold_ready_seconds:.1f}" if e.cold_ready_seconds else "", when(e.last_used)]
             for e in found]
     terminal.listing(console, "Compile cache", ["key", "weights layout", "shapes", "engine", "MB", "cold start (s)", "last used"], rows)
+    for kept in sdk.kept_kernels():
+        console.print(f"kept C++ kernels for torch {kept.torch}: {kept.libraries} libraries, {kept.size_bytes / 1e6:.1f} MB, "
+                      "shared by its entries")
 
 
 @cache_app.command("prune")

@@ -48,7 +48,7 @@ __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
     "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warning", "demo_recipe", "deploy", "configs",
     "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "export_deployment", "EXPORT_FORMATS", "get_endpoint",
-    "get_job", "get_model", "import_model", "job_logs", "list_cache", "list_endpoints", "list_jobs", "list_models",
+    "get_job", "get_model", "import_model", "job_logs", "kept_kernels", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
     "remove_model", "resolve_model", "stop_endpoint", "stop_job", "JOB_EXECUTORS",
 ]
@@ -328,6 +328,11 @@ def export_deployment(artifact_dir: str | Path, fmt: exports.Format, output: str
 
 def list_cache() -> list[compile_cache.EntryInfo]:
     return [compile_cache.describe(entry) for entry in compile_cache.list_entries()]
+
+
+def kept_kernels() -> list[compile_cache.KeptKernels]:
+    """The C++ kernels the compile cache keeps beside its entries, shared by them, per torch version."""
+    return compile_cache.kept_kernels()
 
 
 def prune_cache(older_than_days: float | None = 30.0) -> list[compile_cache.EntryInfo]:

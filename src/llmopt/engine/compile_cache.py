@@ -343,6 +343,21 @@ def describe(entry: Entry) -> EntryInfo:
                      last_used=(entry.path / KEY_FILE).stat().st_mtime)
 
 
+class KeptKernels(BaseModel):
+    """Inductor's C++ kernel libraries kept for every entry of one torch version (`engine/serve.py`):
+    no entry's size counts them."""
+
+    torch: str
+    libraries: int
+    size_bytes: int
+
+
+def kept_kernels() -> list[KeptKernels]:
+    folders = sorted(p for p in (root() / KERNELS_DIR).glob("*") if p.is_dir())
+    return [KeptKernels(torch=folder.name, libraries=len(libraries), size_bytes=sum(p.stat().st_size for p in libraries))
+            for folder in folders for libraries in [list(folder.glob("*.so"))]]
+
+
 def list_entries() -> list[Entry]:
     found = []
     for path in sorted(root().iterdir()):
