@@ -8,6 +8,7 @@ tier. An unmarked test that tries to start one fails at once, so the tiers stay 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,14 @@ QUICK_SMOOTHQUANT = {"method": "smoothquant", "weights": "rtn", "calibration": {
 
 
 _RUNNING: dict[str, pytest.Item | None] = {"item": None}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A passing session's home goes once its session fixtures are torn down: it holds every model,
+    artifact and compiled entry the session built (about 4.4 GB for the whole suite), and homes left
+    behind had filled this machine's disk. A failing session's stays, for its logs."""
+    if exitstatus == 0:
+        shutil.rmtree(os.environ["LLMOPT_HOME"], ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
