@@ -246,8 +246,12 @@ def test_a_start_that_died_compiling_leaves_nothing_to_load(tmp_path: Path, monk
     good = compile_cache.Watch(entry)
     (entry.path / "inductor" / "aa").mkdir(parents=True)
     (entry.path / "inductor" / "aa" / "graph.so").write_bytes(b"\x7fELF" * 1000)
-    assert good.ready(1.0).outcome == "compiled"
-    assert compile_cache.Watch(entry).ready(0.5).outcome == "precompiled"  # a whole start keeps what is there
+    log = tmp_path / "server.log"
+    first = good.ready(1.0, time.time(), log)  # a log never written reads as an empty one
+    assert first.outcome == "compiled" and first.phases == {} and first.kernels_reused == 0
+    log.write_bytes(b"\xff not text\n" + 2 * f"{platform.KERNEL_REUSED_LINE}: ab/cab.main.so\n".encode())
+    again = compile_cache.Watch(entry).ready(0.5, time.time(), log)
+    assert again.outcome == "precompiled" and again.kernels_reused == 2  # a whole start keeps what is there
 
     compile_cache.Watch(entry).close()  # a start that failed before compiling anything (a port taken, say)
     assert compile_cache.Watch(entry).ready(0.5).outcome == "precompiled"
@@ -285,6 +289,24 @@ def _killed(watch: compile_cache.Watch) -> None:
     """What the kernel does to a start's lock when its process dies: releases it, and nothing else."""
     watch._lock.close()
     watch._lock = None
+
+
+def test_kept_kernels_are_counted_and_pruned_by_torch_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "home"))
+    assert compile_cache.kept_kernels() == [] and compile_cache.prune(older_than_s=3600) == []  # nothing kept yet
+    kernels = compile_cache.root() / compile_cache.KERNELS_DIR
+    for version, libraries in (("2.13.0+cpu", 2), ("1.0.0+cpu", 1)):
+        (kernels / version).mkdir(parents=True)
+        for n in range(libraries):
+            (kernels / version / f"k{n}.main.so").write_bytes(b"\x7fELF")
+        (kernels / version / ".part-x").write_bytes(b"cut")  # a copy under way: no library yet
+    (kernels / "stray").write_text("")
+    entry = compile_cache.root() / ("e" * 64)
+    entry.mkdir()
+    (entry / compile_cache.KEY_FILE).write_text(json.dumps({"key": "e" * 64, "components": {"torch": "2.13.0+cpu"}}))
+    assert [(k.torch, k.libraries, k.size_bytes) for k in compile_cache.kept_kernels()] == [("1.0.0+cpu", 1, 4), ("2.13.0+cpu", 2, 8)]
+    assert compile_cache.prune(older_than_s=3600) == []  # the entry is recent: only the older torch's kernels go
+    assert sorted(p.name for p in kernels.iterdir()) == ["2.13.0+cpu", "stray"]
 
 
 def test_start_phases_from_a_real_log_and_from_anything() -> None:

@@ -149,7 +149,7 @@ def launch(
                 server.stop()  # before the entry's lock goes: a compile it cut short stays marked, and no start runs beside it
                 raise
             ready = round(time.time() - endpoint.started_at, 2)
-            endpoint.start = cache.ready(ready, endpoint.started_at, log_path.read_text(errors="replace"))
+            endpoint.start = cache.ready(ready, endpoint.started_at, log_path)
         endpoint.verified = verify(endpoint)
     except BaseException as exc:
         reason = exc.problem.splitlines()[0] if isinstance(exc, LlmoptError) else f"interrupted ({type(exc).__name__})"

@@ -223,9 +223,10 @@ class Watch:
             self._state = entry.compiled_state(self.before)
         marker.write_text(json.dumps({"pid": os.getpid(), "compiled": self._state}))
 
-    def ready(self, ready_seconds: float, started_at: float = 0.0, log_text: str = "") -> "Start":
+    def ready(self, ready_seconds: float, started_at: float = 0.0, log_path: Path | None = None) -> "Start":
         """The engine answered: what it compiled is whole. Lets the next start of this key go. Its
-        phases and the kernels it copied are read from the server's log (`log_text`), where given."""
+        phases and the kernels it copied are read from the server's log (`log_path`), where given."""
+        log_text = _log_text(log_path)
         added = len(self.entry.compiled_files() - self.before)
         if not self.before:
             self.entry.record(cold_ready_seconds=ready_seconds)
@@ -268,6 +269,16 @@ class Watch:
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()
         self._lock = None
+
+
+def _log_text(log_path: Path | None) -> str:
+    """A server's log as far as it was written; one never written tells nothing, like an empty one."""
+    if log_path is None:
+        return ""
+    try:
+        return log_path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def _recorded_state(marker: Path) -> str | None:
@@ -353,9 +364,17 @@ class KeptKernels(BaseModel):
 
 
 def kept_kernels() -> list[KeptKernels]:
-    folders = sorted(p for p in (root() / KERNELS_DIR).glob("*") if p.is_dir())
-    return [KeptKernels(torch=folder.name, libraries=len(libraries), size_bytes=sum(p.stat().st_size for p in libraries))
-            for folder in folders for libraries in [list(folder.glob("*.so"))]]
+    found = []
+    for folder in _kernel_folders():
+        libraries = list(folder.glob("*.so"))
+        found.append(KeptKernels(torch=folder.name, libraries=len(libraries), size_bytes=sum(p.stat().st_size for p in libraries)))
+    return found
+
+
+def _kernel_folders() -> list[Path]:
+    """The kept kernels' folders, one per torch version; none before a compile kept any."""
+    kernels = root() / KERNELS_DIR
+    return sorted(p for p in kernels.iterdir() if p.is_dir()) if kernels.is_dir() else []
 
 
 def list_entries() -> list[Entry]:
@@ -381,8 +400,7 @@ def prune(older_than_s: float | None = None, keep: frozenset[str] = frozenset())
         shutil.rmtree(entry.path)
         shutil.rmtree(root() / SERVED_DIR / entry.key, ignore_errors=True)
     versions = {str(entry.components["torch"]) for entry in list_entries()}
-    kernels = root() / KERNELS_DIR
-    for folder in (kernels.iterdir() if kernels.is_dir() else ()):
+    for folder in _kernel_folders():
         if folder.name not in versions:  # kept for entries of a torch no entry has any more
             shutil.rmtree(folder, ignore_errors=True)
     return removed

@@ -49,7 +49,7 @@ def served(ctx: BuildContext, model_path: str, engine: EngineConfig, purpose: st
         try:
             server.wait_ready(READY_TIMEOUT_S)
             ready = round(time.monotonic() - started, 2)
-            start = cache.ready(ready, started_at, log_path.read_text(errors="replace"))
+            start = cache.ready(ready, started_at, log_path)
             yield Served(server, log_path, ready, start, cache.entry)
         finally:
             server.stop()
