@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +67,93 @@ def test_weights_quantized_alike_are_counted_once(smol: sources.Model, tmp_path:
     for _ in range(2):  # as a resumed run does it again
         search.fit_budget(rec)
         assert [(c.status, c.estimate_s) for c in rec.candidates] == [("dropped", 400), ("pending", 400), ("pending", 100), ("pending", 100)]
+
+
+QUANTIZED = {"quantization": {"method": "smoothquant"}}
+SPECULATING = {"speculative": {"method": "ngram", "disable_above_batch": "never"}}
+
+
+def _saved_run(smol: sources.Model, tmp_path: Path, monkeypatch, bases: dict[str, float],
+               budget: float | None = None) -> tuple[search.RecommendSpec, search.Recommendation, float]:
+    """A run of stand-in candidates, base and budget in units of SmoothQuant's quantizing here (its
+    weights kept in `tmp_path`, not yet), as `start` made it: a spec of its own, which no other test
+    resumes."""
+    monkeypatch.setattr(candidates.quantization, "kept_weights", lambda *args: tmp_path)
+    here = platform.detect()
+    quantize_s = candidates.quantizing({"name": "smoothquant", **QUANTIZED}, smol, here)[0]
+    spec = search.RecommendSpec(model=smol.id, goal="latency", concurrency=(1,), requests=4, min_duration_s=0,
+                                budget_minutes=None if budget is None else budget * quantize_s / 60)
+    rec = search.start(spec)
+    recipes = {"smoothquant": QUANTIZED, "smoothquant-ngram": {**QUANTIZED, **SPECULATING}, "ngram": SPECULATING}
+    rec.candidates = []
+    for name, base in bases.items():
+        q, weights = candidates.quantizing({"name": name, **recipes.get(name, {})}, smol, here)
+        rec.candidates.append(candidates.Candidate(name=name, recipe=recipes.get(name, {}), base_s=base * quantize_s,
+                                                   quantize_s=q, weights=weights))
+    candidates.share_quantizing(rec.candidates, search.REFERENCE)
+    return spec, rec, quantize_s
+
+
+def _states(rec: search.Recommendation, quantize_s: float) -> dict[str, tuple[str, float]]:
+    return {c.name: (c.status, c.estimate_s / quantize_s) for c in rec.candidates}
+
+
+def test_a_resumed_run_quantizes_as_things_stand(smol: sources.Model, tmp_path: Path, monkeypatch) -> None:
+    """Weights kept since a run was saved are not charged again when it resumes; weights the run's
+    own candidates made are counted as the first run counted them, so it drops the same."""
+    bases = {"bf16": 1, "smoothquant": 3, "smoothquant-ngram": 1, "ngram": 3.5, "kv-fp8": 2}
+    spec, rec, q = _saved_run(smol, tmp_path, monkeypatch, bases, budget=8.25)
+    search.fit_budget(rec)  # SmoothQuant (4) goes first, handing its quantizing on, then n-gram (3.5)
+    first = {"bf16": ("pending", 1), "smoothquant": ("dropped", 4), "smoothquant-ngram": ("pending", 2),
+             "ngram": ("dropped", 3.5), "kv-fp8": ("pending", 2)}
+    assert _states(rec, q) == first
+    rec.save()
+    try:
+        resumed = search.start(spec)  # nothing changed
+        search.fit_budget(resumed)
+        assert _states(resumed, q) == first
+        (tmp_path / candidates.quantization.KEPT_RECORD).write_text("{}")  # another job kept the weights
+        resumed = search.start(spec)
+        assert [c.quantize_s for c in resumed.candidates if c.weights] == [0, 0]
+        search.fit_budget(resumed)
+        assert _states(resumed, q) == {**first, "smoothquant": ("pending", 3), "smoothquant-ngram": ("pending", 1)}
+        for c in rec.candidates:  # the first run went on: SmoothQuant with n-gram quantized, and kept them
+            c.status = "done" if c.status == "pending" else c.status
+        rec.save()
+        for _ in range(2):
+            repeated = search.start(spec)
+            search.fit_budget(repeated)
+            assert _states(repeated, q) == {**first, "bf16": ("done", 1), "smoothquant-ngram": ("done", 2), "kv-fp8": ("done", 2)}
+    finally:
+        shutil.rmtree(rec.folder)
+
+
+def test_a_failed_candidate_hands_its_quantizing_on(smol: sources.Model, tmp_path: Path, monkeypatch) -> None:
+    """It may have failed before its weights were kept: the next candidate needing them pays,
+    unless they were kept."""
+    spec, rec, q = _saved_run(smol, tmp_path, monkeypatch, {"bf16": 1, "smoothquant": 1, "smoothquant-ngram": 1})
+    assert _states(rec, q) == {"bf16": ("pending", 1), "smoothquant": ("pending", 2), "smoothquant-ngram": ("pending", 1)}
+    rec.candidates[0].status, rec.candidates[1].status = "done", "failed"
+    rec.save()
+    try:
+        failed_early = search.start(spec)
+        assert _states(failed_early, q) == {"bf16": ("done", 1), "smoothquant": ("failed", 2), "smoothquant-ngram": ("pending", 2)}
+        (tmp_path / candidates.quantization.KEPT_RECORD).write_text("{}")  # it failed after keeping them
+        failed_late = search.start(spec)
+        assert _states(failed_late, q) == {"bf16": ("done", 1), "smoothquant": ("failed", 2), "smoothquant-ngram": ("pending", 1)}
+    finally:
+        shutil.rmtree(rec.folder)
+
+
+def test_quantized_candidates_serve_their_load_faster(smol: sources.Model) -> None:
+    """A quantized model's linear layers take half the time, its lm_head all of its own."""
+    here = platform.Hardware(device="cpu", cpu_model="AMD EPYC", cores=2, memory_gib=24, cpu_flags=(), gpu=None)
+    levels = {1: 320, 2: 320}  # whole seconds are a small part of it
+    plain = candidates.estimate_seconds({"name": "ngram", **SPECULATING}, smol, here, levels, 0)
+    quantized = candidates.estimate_seconds({"name": "smoothquant-ngram", **QUANTIZED, **SPECULATING}, smol, here, levels, 0)
+    starts = candidates.estimate_seconds({"name": "ngram"}, smol, here, {}, 0)  # the engines' starts alone
+    # SmolLM2's tied embeddings, its lm_head, are a fifth of what a token reads; a request's fixed half second stays
+    assert 0.7 < (quantized - starts) / (plain - starts) < 0.85
 
 
 def test_a_saved_run_is_reused_only_on_the_same_model_machine_engine_and_kernels(smol: sources.Model, monkeypatch) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, computed_field
 
-from llmopt import catalog, compatibility, recipe
+from llmopt import catalog, compatibility, recipe, roofline
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.platform import Hardware
 from llmopt.sources import Model
@@ -26,6 +26,7 @@ from llmopt.techniques import quantization, speculative
 SCHEMES = ("smoothquant", "awq", "fp8")  # in order of preference where several are fast: quality cost first
 CHUNK_BUDGET = 256  # tokens per step: steadier decoding while other requests' prompts are prefilled
 KV_BYTES_PER_ELEMENT = 2  # bf16 cache
+QUANTIZED_LINEAR_COST = 0.5  # a quantized linear layer's time against bf16's (`_weights_cost`)
 
 
 class Candidate(BaseModel):
@@ -55,7 +56,7 @@ class Excluded(BaseModel):
 
 def build(source: Model, hardware: Hardware, concurrency: tuple[int, ...], extra: list[str]) -> tuple[list[dict], list[Excluded]]:
     """Candidate recipes (named, as data) and the techniques left out here, with why."""
-    config = json.loads((Path(source.path) / "config.json").read_text())
+    config = _config(source)
     architecture = source.architecture or "unknown"
     excluded: list[Excluded] = []
 
@@ -91,6 +92,10 @@ def build(source: Model, hardware: Hardware, concurrency: tuple[int, ...], extra
     return found, excluded
 
 
+def _config(source: Model) -> dict:
+    return json.loads((Path(source.path) / "config.json").read_text())
+
+
 def _speculation(source: Model) -> dict | None:
     """The catalogue's speculation for a catalogued model; n-gram for any other."""
     catalogued = speculative.catalog_id(source)
@@ -112,17 +117,32 @@ def estimate_seconds(candidate: dict, source: Model, hardware: Hardware, level_r
     the job's measuring engine and the evaluation's (compiled once, then from the compile cache),
     and the load at every level: its requests, at about 0.5 s plus 2.5 s per gigabyte of weights
     each on two cores (a QA request on SmolLM2-135M took about 1 s alone, on the 1.5B about 8),
-    served c at a time about c**0.4 times as fast (prefills batch poorly on a CPU). Rough, for
-    choosing what fits a budget."""
+    quantized weights counted at what they cost (`_weights_cost`), served c at a time about c**0.4
+    times as fast (prefills batch poorly on a CPU). Rough, for choosing what fits a budget."""
     gigabytes = source.size_bytes / 1e9
     slowdown = 2 / max(hardware.cores, 1)
     cold_start, warm_start = 60 + 40 * gigabytes, 30 + 20 * gigabytes
-    request_s = (0.5 + 2.5 * gigabytes) * slowdown
+    request_s = (0.5 + 2.5 * gigabytes * _weights_cost(candidate, source)) * slowdown
     load = sum(max(min_level_s, n * request_s / c ** 0.4) for c, n in level_requests.items())
     seconds = cold_start * slowdown + warm_start + load
     if candidate["name"] == "bf16":  # the reference's natural lengths: one pass at the highest level
         seconds += max(level_requests.values()) * request_s / max(level_requests) ** 0.4
     return round(seconds, 0)
+
+
+def _weights_cost(candidate: dict, source: Model) -> float:
+    """What a candidate's weights cost a request, against the source's. Quantized, the linear layers
+    cost half theirs: SmoothQuant's 8-bit weights are half the bytes a token reads, and INT8
+    multiplies at about twice bf16's rate; the lm_head, left in bf16 by the schemes' defaults, costs
+    all of its own. So SmoothQuant's load took 0.6-0.9x bf16's in the saved recommendation runs (AWQ
+    and FP8, offered only where the matrix marks them fast, are counted alike, unmeasured)."""
+    if not candidate.get("quantization"):
+        return 1.0
+    config = _config(source)
+    lm_head = config.get("vocab_size", 0) * config.get("hidden_size", 0)
+    read = roofline.traffic(Path(source.path)).macs_bf16  # the weights a token reads, one multiply-add each
+    linear = max(0.0, 1 - lm_head / read) if read else 0.0
+    return 1 - (1 - QUANTIZED_LINEAR_COST) * linear
 
 
 def quantizing(candidate: dict, source: Model, hardware: Hardware) -> tuple[float, str | None]:
@@ -142,11 +162,24 @@ def quantizing(candidate: dict, source: Model, hardware: Hardware) -> tuple[floa
 def share_quantizing(candidates: list[Candidate], first: str) -> None:
     """Weights quantized once are linked into every later artifact that asks for the same (the
     job's `kept_weights`), so of the candidates that quantize alike, only the first in run order
-    (`first` runs first, then the list's order) that is not dropped pays for quantizing."""
+    (`first` runs first, then the list's order) that is pending or done pays for quantizing. A
+    dropped one hands it on, and so does a failed one: it may have failed before its weights were
+    kept, and where they were kept, those still to run find them (`refresh_quantizing`) and pay nothing."""
     paid: set[str] = set()
     for candidate in sorted(candidates, key=lambda c: c.name != first):
-        pays = candidate.quantize_s > 0 and candidate.status != "dropped" and candidate.weights not in paid
+        pays = candidate.quantize_s > 0 and candidate.status in ("pending", "done") and candidate.weights not in paid
         if pays and candidate.weights:
             paid.add(candidate.weights)
-        if candidate.status == "pending":  # a dropped one keeps the estimate that dropped it
+        if candidate.status == "pending":  # what ran keeps its estimate, and a dropped one the estimate that dropped it
             candidate.pays_quantizing = pays
+
+
+def refresh_quantizing(candidates: list[Candidate], source: Model, hardware: Hardware) -> None:
+    """A saved run's candidates still to run (pending or dropped) quantize as things stand now:
+    weights another run or job has kept since are linked, not quantized. Weights a candidate of this
+    run is done with stay counted as the first run counted them, so that a resumed or repeated run's
+    budget drops the same candidates."""
+    done_with = {c.weights for c in candidates if c.status == "done"}
+    for candidate in candidates:
+        if candidate.status in ("pending", "dropped") and candidate.weights not in done_with:
+            candidate.quantize_s, candidate.weights = quantizing({"name": candidate.name, **candidate.recipe}, source, hardware)
