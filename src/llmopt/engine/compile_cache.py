@@ -226,12 +226,12 @@ class Watch:
     def ready(self, ready_seconds: float, started_at: float = 0.0, log_path: Path | None = None) -> "Start":
         """The engine answered: what it compiled is whole. Lets the next start of this key go. Its
         phases and the kernels it copied are read from the server's log (`log_path`), where given."""
-        log_text = _log_text(log_path)
         added = len(self.entry.compiled_files() - self.before)
         if not self.before:
             self.entry.record(cold_ready_seconds=ready_seconds)
         (self.entry.path / STARTING_FILE).unlink(missing_ok=True)
         self.close()
+        log_text = _log_text(log_path)  # after the lock goes: a log that cannot be read leaves no start waiting
         outcome = "precompiled" if self.before and not added else "compiled" if not self.before else "partly compiled"
         return Start(key=self.entry.key, outcome=outcome, compiled_files_added=added, ready_seconds=ready_seconds,
                      cold_ready_seconds=self.entry.meta.get("cold_ready_seconds"),

@@ -20,6 +20,7 @@ from pydantic import BaseModel, computed_field
 from llmopt import catalog, compatibility, recipe, roofline
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.platform import Hardware
+from llmopt.errors import LlmoptError
 from llmopt.sources import Model
 from llmopt.techniques import quantization, speculative
 
@@ -133,16 +134,22 @@ def estimate_seconds(candidate: dict, source: Model, hardware: Hardware, level_r
 def _weights_cost(candidate: dict, source: Model) -> float:
     """What a candidate's weights cost a request, against the source's. Quantized, the linear layers
     cost half theirs: SmoothQuant's 8-bit weights are half the bytes a token reads, and INT8
-    multiplies at about twice bf16's rate; the lm_head, left in bf16 by the schemes' defaults, costs
-    all of its own. So SmoothQuant's load took 0.6-0.9x bf16's in the saved recommendation runs (AWQ
-    and FP8, offered only where the matrix marks them fast, are counted alike, unmeasured)."""
+    multiplies at about twice bf16's rate; the lm_head, left in bf16 unless the recipe's `ignore`
+    leaves it out, costs all of its own. So SmoothQuant's load took 0.6-0.9x bf16's in the saved
+    recommendation runs (AWQ and FP8, offered only where the matrix marks them fast, are counted
+    alike, unmeasured). A model whose size this cannot read (no safetensors, no vocabulary or
+    hidden size in its config) is counted at the source's cost."""
     if not candidate.get("quantization"):
         return 1.0
     config = _config(source)
     lm_head = config.get("vocab_size", 0) * config.get("hidden_size", 0)
-    read = roofline.traffic(Path(source.path)).macs_bf16  # the weights a token reads, one multiply-add each
-    linear = max(0.0, 1 - lm_head / read) if read else 0.0
-    return 1 - (1 - QUANTIZED_LINEAR_COST) * linear
+    traffic = roofline.traffic(Path(source.path))
+    read = traffic.macs_bf16 + traffic.macs_int8  # the weights a token reads, one multiply-add each
+    if not lm_head or not read:
+        return 1.0
+    parsed = recipe.parse({k: v for k, v in candidate.items() if k != "name"})
+    quantized = read if "lm_head" not in parsed.quantization.ignore else max(0, read - lm_head)
+    return 1 - (1 - QUANTIZED_LINEAR_COST) * quantized / read
 
 
 def quantizing(candidate: dict, source: Model, hardware: Hardware) -> tuple[float, str | None]:
@@ -175,11 +182,15 @@ def share_quantizing(candidates: list[Candidate], first: str) -> None:
 
 
 def refresh_quantizing(candidates: list[Candidate], source: Model, hardware: Hardware) -> None:
-    """A saved run's candidates still to run (pending or dropped) quantize as things stand now:
-    weights another run or job has kept since are linked, not quantized. Weights a candidate of this
-    run is done with stay counted as the first run counted them, so that a resumed or repeated run's
-    budget drops the same candidates."""
-    done_with = {c.weights for c in candidates if c.status == "done"}
+    """A stopped run's candidates still to run quantize as things stand now: weights another run or
+    job has kept since are linked, not quantized. A dropped candidate whose weights one of this run's
+    candidates ran with (done, or failed after keeping them) keeps the estimate it was dropped with,
+    so that the resumed run's budget drops the same candidates. A recipe that no longer parses keeps
+    its saved estimate too, and fails when it runs."""
+    ran_with = {c.weights for c in candidates if c.status in ("done", "failed") and c.weights}
     for candidate in candidates:
-        if candidate.status in ("pending", "dropped") and candidate.weights not in done_with:
-            candidate.quantize_s, candidate.weights = quantizing({"name": candidate.name, **candidate.recipe}, source, hardware)
+        if candidate.status == "pending" or (candidate.status == "dropped" and candidate.weights not in ran_with):
+            try:
+                candidate.quantize_s, candidate.weights = quantizing({"name": candidate.name, **candidate.recipe}, source, hardware)
+            except LlmoptError:
+                continue

@@ -115,8 +115,9 @@ def start(spec: RecommendSpec) -> Recommendation:
     saved = paths.home() / "recommendations" / run_id / "recommendation.json"
     if saved.is_file():
         previous = Recommendation.model_validate_json(saved.read_text())
-        candidate_recipes.refresh_quantizing(previous.candidates, source, hardware)
-        candidate_recipes.share_quantizing(previous.candidates, REFERENCE)
+        if previous.finished_at is None:  # stopped: what is still to run is weighed as things stand; a finished run answers at once
+            candidate_recipes.refresh_quantizing(previous.candidates, source, hardware)
+            candidate_recipes.share_quantizing(previous.candidates, REFERENCE)
         return previous.model_copy(update={"spec": spec, "finished_at": None})
     plan = _plan(spec)
     found, excluded = candidate_recipes.build(source, hardware, spec.concurrency, list(spec.recipes))
