@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from aiohttp import web
 
@@ -270,7 +271,10 @@ def test_endpoint_dying_mid_run_saves_partial_results(stub, tmp_path: Path) -> N
     cli = subprocess.Popen([sys.executable, "-c", "from llmopt.cli import main; main()", "evaluate", "--url", url,
                             "--dataset", str(jsonl), "--concurrency", "2", "--requests", "40", "--min-duration", "0",
                             "--output", str(out), "--no-quality"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)  # warm-up (3 s) and some measured requests
+    deadline = time.monotonic() + 120
+    # 3 s answers, two at a time: the warm-up's (3 s) and then measured ones, however slow the machine is to start the CLI
+    while httpx.get(f"{url}/stats").json()["answered"] < 6 and time.monotonic() < deadline:
+        time.sleep(0.5)
     proc.kill()
     stdout, stderr = cli.communicate(timeout=120)
     assert cli.returncode == 1

@@ -16,6 +16,11 @@ from aiohttp import web
 
 
 def make_app(tokens_per_request: int, delay_s: float) -> web.Application:
+    answered = 0  # whole answers sent: a test waits on them rather than on the clock of a loaded machine
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({"answered": answered})
+
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "stub", "object": "model", "root": None}]})
 
@@ -31,10 +36,13 @@ def make_app(tokens_per_request: int, delay_s: float) -> web.Application:
                 await asyncio.sleep(delay_s)
         usage = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": count}}
         await response.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        nonlocal answered
+        answered += 1
         return response
 
     app = web.Application()
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/stats", stats)
     app.router.add_post("/v1/chat/completions", chat)
     return app
 
