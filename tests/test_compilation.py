@@ -354,6 +354,7 @@ class Builder:
 def compile_kernels(lock_path, builders):
     built.append(builders[-1].target.name)
     builders[-1].target.write_bytes(b"library of " + str(builders[-1].target.parent).encode())
+    builders[-1].target.chmod(0o755)  # as the linker leaves it
 
 codecache._worker_compile_cpp = compile_kernels
 serve._shared_inductor_kernels(str(root / "kept"))
@@ -364,10 +365,11 @@ shared(str(root / "1.lock"), [Builder(root / "a" / "k.main.so")])
 shared(str(root / "2.lock"), [Builder(root / "b" / "k.o"), Builder(root / "b" / "k.main.so")])  # the last builder links
 shared(str(root / "3.lock"), [Builder(root / "a" / "h.h.gch")])  # a precompiled header: built, never kept
 copyfile = shutil.copyfile
-shutil.copyfile = lambda *args: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+shutil.copyfile = lambda *args, **kwargs: (_ for _ in ()).throw(OSError(28, "No space left on device"))
 shared(str(root / "4.lock"), [Builder(root / "c" / "other.main.so")])  # kept nowhere, built all the same
 shared(str(root / "5.lock"), [Builder(root / "d" / "k.main.so")])  # not copied in: built instead
 shutil.copyfile = copyfile
+print(oct((root / "kept" / "k.main.so").stat().st_mode & 0o777), oct((root / "b" / "k.main.so").stat().st_mode & 0o777))
 print(built, sorted(p.name for p in (root / "kept").iterdir()), (root / "b" / "k.main.so").read_bytes().decode())
 '''
 
@@ -375,8 +377,10 @@ print(built, sorted(p.name for p in (root / "kept").iterdir()), (root / "b" / "k
 def test_inductor_kernels_are_kept_whole_and_copied_in_by_name(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", KEEPING, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    built, kept, copied = done.stdout.strip().splitlines()[-1].split("] ")
+    modes, found = done.stdout.strip().splitlines()[-2:]
+    built, kept, copied = found.split("] ")
     assert built == "['k.main.so', 'h.h.gch', 'other.main.so', 'k.main.so'"  # b's was copied in, not built
     assert kept == "['k.main.so'"  # no partial copies left behind, no header, nothing where keeping failed
     assert copied == f"library of {tmp_path / 'a'}"  # the library a built, whole
     assert "not kept for later compiles: [Errno 28]" in done.stderr + done.stdout
+    assert modes == f"{oct(0o755)} {oct(0o755)}"  # kept and copied in as the linker left it, not its owner's alone

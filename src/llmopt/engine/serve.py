@@ -121,10 +121,12 @@ def _shared_inductor_kernels(folder: str) -> None:
     kept = Path(folder)
 
     def whole_copy(source: Path, target: Path) -> None:
-        """A reader finds the whole file or none: Inductor trusts a library that exists."""
+        """A reader finds the whole file or none: Inductor trusts a library that exists. The copy
+        takes the source's mode (the temporary file is its owner's alone), so a compile cache
+        shared by a group reads it as it reads the libraries Inductor built."""
         with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".part-", delete=False) as part:
             try:
-                shutil.copyfile(source, part.name)
+                shutil.copy(source, part.name)
                 os.replace(part.name, target)
             finally:
                 Path(part.name).unlink(missing_ok=True)
