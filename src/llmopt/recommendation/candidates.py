@@ -3,8 +3,9 @@
 Candidates come from the compatibility matrix for this model, hardware and processor: the model as
 it is, each quantization scheme the matrix marks as fast here, the catalogue's speculation for the
 model (n-gram or its recommended draft, with its quantization), the best quantization stacked with
-speculation, a smaller chunked-prefill budget on the quantized model, and an FP8 KV cache where the
-cache bounds how many sequences fit. What the matrix refuses or marks slow here is left out, with
+speculation (for SmoothQuant also with its lm_head in INT8, at its own quality cost), a smaller
+chunked-prefill budget on the quantized model, and an FP8 KV cache where the cache bounds how many
+sequences fit. What the matrix refuses or marks slow here is left out, with
 the reason. Speculative candidates speculate at every batch size: the recommendation's own
 equal-work measurement at each level says where speculation pays, so no job sweeps for it.
 """
@@ -27,6 +28,7 @@ from llmopt.techniques import quantization, speculative
 SCHEMES = ("smoothquant", "awq", "fp8")  # in order of preference where several are fast: quality cost first
 CHUNK_BUDGET = 256  # tokens per step: steadier decoding while other requests' prompts are prefilled
 KV_BYTES_PER_ELEMENT = 2  # bf16 cache
+INT8_HEAD_SCHEMES = ("smoothquant",)  # where an INT8 lm_head (`ignore: []`) is tested end to end
 QUANTIZED_LINEAR_COST = 0.5  # a quantized linear layer's time against bf16's (`_weights_cost`)
 
 
@@ -82,6 +84,9 @@ def build(source: Model, hardware: Hardware, concurrency: tuple[int, ...], extra
             if spec["method"] == "ngram":  # a shorter guess: cheaper to verify where fewer drafts are accepted
                 found.append({"name": f"{schemes[0]}-{label}-k2", "quantization": {"method": schemes[0]},
                               "speculative": {**spec, "num_speculative_tokens": 2}})
+            if schemes[0] in INT8_HEAD_SCHEMES:  # every decoded token reads the whole lm_head: in INT8, half the bytes
+                found.append({"name": f"{schemes[0]}-int8-head-{label}", "quantization": {"method": schemes[0], "ignore": []},
+                              "speculative": spec})
     if schemes and fast_here("chunked_prefill"):
         found.append({"name": f"{schemes[0]}-chunk{CHUNK_BUDGET}", "quantization": {"method": schemes[0]},
                       "chunked_prefill": {"max_num_batched_tokens": CHUNK_BUDGET}})

@@ -61,12 +61,14 @@ class RecommendSpec(BaseModel):
     def identity(self, source: sources.Model, hardware: Hardware) -> str:
         """What makes two runs the same run: the arguments that say what is measured (the goal, targets
         and budget only rank and choose), and what the measurements depend on besides: the model's
-        and the recipe files' contents, the machine, the engine, the build of its linear kernels and
-        llmopt's release. A saved run is reused for none of those changed."""
+        and the recipe files' contents, the candidates tried, the machine, the engine, the build of
+        its linear kernels and llmopt's release. A saved run is reused for none of those changed (a
+        development build that tries another candidate keeps its release's version)."""
         measured = {
             "model": self.model, "plan": _plan(self).model_dump(mode="json"),  # how every level is loaded
             "content": source.content_hash,
             "recipes": [hashing.file_sha256(Path(r)) if Path(r).is_file() else r for r in self.recipes],
+            "candidates": candidate_recipes.build(source, hardware, self.concurrency, list(self.recipes))[0],
             "hardware": hardware.model_dump(mode="json", include={"device", "cpu_model", "cores", "cpu_flags", "gpu", "gpu_count"}),
             "engine": vllm.engine_name_version(), "kernels": platform.linear_kernels_build(hardware),
             "llmopt": md.version("llmopt"),
