@@ -3,6 +3,7 @@ ranked on equal work, resumed after a kill, kept as configurations that deploy."
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -14,12 +15,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from rich.console import Console
 
 import llmopt
 from llmopt import client, endpoints, recipe, sources
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
+from llmopt.presentation import terminal
 from llmopt.recommendation import candidates, configs, ranking, search
 
 from conftest import assert_one_line_error, run_cli
@@ -328,6 +331,16 @@ def test_configs_list_and_refusals(smol: sources.Model, tmp_path: Path) -> None:
         llmopt.recommend(smol.id, executor="slurm")
     with pytest.raises(LlmoptError, match="--ray-address is for the Ray executor"):
         llmopt.recommend(smol.id, ray_address="http://127.0.0.1:8265")
+
+
+def test_a_listing_keeps_each_name_whole_on_a_narrow_terminal() -> None:
+    """`configs list` names a configuration that `deploy --config` takes: folded over two lines, a
+    long one (`smoothquant-int8-head-ngram`) could not be copied, nor found by this module's CLI test."""
+    out = io.StringIO()
+    name = "smoothquant-int8-head-ngram"
+    terminal.listing(Console(file=out, width=60), "configs", ["name", "source", "techniques", "hardware"],
+                     [[name, "shipped", "quantization, speculative", "AMD EPYC (2 cores)"]])
+    assert name in out.getvalue()
 
 
 def test_every_catalogued_model_ships_configurations() -> None:

@@ -17,9 +17,11 @@ def _p50(stats: Stats | None) -> float | None:
 
 
 def listing(console: Console, title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """A record per row; the first column names it, and stays whole on one line (what a user copies
+    into the next command), while the others fold to fit the terminal."""
     table = Table(title=title)
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    for i, column in enumerate(columns):
+        table.add_column(column, overflow="fold", no_wrap=i == 0)
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
     console.print(table)
