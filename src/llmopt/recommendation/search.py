@@ -58,17 +58,18 @@ class RecommendSpec(BaseModel):
             raise ValueError(f"concurrency must be increasing positive integers, got {list(self.concurrency)}")
         return self
 
-    def identity(self, source: sources.Model, hardware: Hardware) -> str:
+    def identity(self, source: sources.Model, hardware: Hardware, candidates: list[dict]) -> str:
         """What makes two runs the same run: the arguments that say what is measured (the goal, targets
         and budget only rank and choose), and what the measurements depend on besides: the model's
         and the recipe files' contents, the candidates tried, the machine, the engine, the build of
         its linear kernels and llmopt's release. A saved run is reused for none of those changed (a
-        development build that tries another candidate keeps its release's version)."""
+        development build that tries another candidate keeps its release's version). `candidates`
+        are the recipes `candidates.build` made for these arguments here."""
         measured = {
             "model": self.model, "plan": _plan(self).model_dump(mode="json"),  # how every level is loaded
             "content": source.content_hash,
             "recipes": [hashing.file_sha256(Path(r)) if Path(r).is_file() else r for r in self.recipes],
-            "candidates": candidate_recipes.build(source, hardware, self.concurrency, list(self.recipes))[0],
+            "candidates": candidates,
             "hardware": hardware.model_dump(mode="json", include={"device", "cpu_model", "cores", "cpu_flags", "gpu", "gpu_count"}),
             "engine": vllm.engine_name_version(), "kernels": platform.linear_kernels_build(hardware),
             "llmopt": md.version("llmopt"),
@@ -113,7 +114,8 @@ def start(spec: RecommendSpec) -> Recommendation:
     """A recommendation for these arguments: the one already under way (or done) if there is one."""
     source = sources.resolve(spec.model)
     hardware = platform.detect()
-    run_id = f"{names.slug(source.id)[:40]}-{spec.identity(source, hardware)}"
+    found, excluded = candidate_recipes.build(source, hardware, spec.concurrency, list(spec.recipes))
+    run_id = f"{names.slug(source.id)[:40]}-{spec.identity(source, hardware, found)}"
     saved = paths.home() / "recommendations" / run_id / "recommendation.json"
     if saved.is_file():
         previous = Recommendation.model_validate_json(saved.read_text())
@@ -122,7 +124,6 @@ def start(spec: RecommendSpec) -> Recommendation:
             candidate_recipes.share_quantizing(previous.candidates, REFERENCE)
         return previous.model_copy(update={"spec": spec, "finished_at": None})
     plan = _plan(spec)
-    found, excluded = candidate_recipes.build(source, hardware, spec.concurrency, list(spec.recipes))
     level_requests = {c: plan.requests_at(c) or 0 for c in plan.concurrency}
     return Recommendation(
         id=run_id, spec=spec, hardware=hardware, price=pricing.for_hardware(hardware),
