@@ -8,10 +8,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import safetensors.numpy
 import safetensors.torch
@@ -67,8 +69,10 @@ def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llm
     key = artifact.verify(compiled.artifact).metrics.compilation.key
     entry = compile_cache.root() / key
     before = _compiled_code(entry)
+    loose_sockets = _loose_sockets()
     result = run_cli("deploy", str(compiled.artifact), "--name", "compiled-ep")
     assert result.returncode == 0, result.stderr
+    sockets = Path(psutil.Process(llmopt.get_endpoint("compiled-ep").pid).environ()[vllm.SOCKETS_ENV])
     assert "start: precompiled (compile cache" in result.stdout and "no graph compiled" in result.stdout
     assert "start phases: server process and imports" in " ".join(result.stdout.split())
     try:
@@ -82,8 +86,15 @@ def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llm
         # the baseline artifact's engine compiled its graphs at start; the outputs are the same
         greedy = quality.greedy_tokens(endpoint.url, endpoint.served_name)
         assert greedy == artifact.verify(baseline.artifact).metrics.greedy_tokens
+        assert any(p.is_socket() for p in sockets.iterdir()), "vLLM's ZeroMQ sockets are in the server's own folder"
     finally:
         assert run_cli("endpoints", "stop", "compiled-ep").returncode == 0
+    assert not sockets.exists(), "`endpoints stop` removes the server's socket folder"
+    assert _loose_sockets() <= loose_sockets, "no socket is left in the temporary folder itself"
+
+
+def _loose_sockets() -> set[Path]:
+    return {p for p in Path(tempfile.gettempdir()).iterdir() if p.is_socket()}
 
 
 @pytest.mark.engine

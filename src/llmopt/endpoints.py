@@ -185,6 +185,7 @@ def stop(name: str) -> Endpoint:
     endpoint = get(name)
     if endpoint.pid is not None:
         procs.stop_group(endpoint.pid, endpoint.pid_create_time)
+        vllm.sweep_socket_folders()
     if endpoint.status in LIVE:
         ENDPOINTS.update(name, status=STOPPED, stopped_at=time.time())
     return get(name)

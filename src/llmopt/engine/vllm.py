@@ -15,9 +15,11 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -383,6 +385,7 @@ class ServerProcess:
     port: int
     log_path: Path
     popen: subprocess.Popen | None = field(default=None, repr=False)
+    sockets: Path | None = None  # the folder of its ZeroMQ sockets (`socket_folder`)
 
     @property
     def url(self) -> str:
@@ -424,6 +427,8 @@ class ServerProcess:
                 self.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+        if self.sockets is not None:
+            shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 def start_server(argv: list[str], env: dict[str, str], log_path: Path, host: str, port: int,
@@ -434,6 +439,7 @@ def start_server(argv: list[str], env: dict[str, str], log_path: Path, host: str
     caller dies, however it dies (a server deployed for one run). `secret_env` reaches the process
     but not its log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    sockets = socket_folder()
     with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         log.write(f"$ {shell_command(argv, env)}\n".encode())
         log.flush()
@@ -442,10 +448,43 @@ def start_server(argv: list[str], env: dict[str, str], log_path: Path, host: str
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **env, **(secret_env or {})},
+            env={**os.environ, **env, SOCKETS_ENV: str(sockets), **(secret_env or {})},
             start_new_session=own_session,
         )
-    return ServerProcess(popen.pid, procs.create_time(popen.pid), host, port, log_path, popen)
+    server = ServerProcess(popen.pid, procs.create_time(popen.pid), host, port, log_path, popen, sockets)
+    (sockets / SOCKETS_OWNER).write_text(f"{server.pid} {server.create_time}")
+    return server
+
+
+SOCKETS_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM's API server and engine core make their ZeroMQ sockets
+SOCKETS_PREFIX, SOCKETS_OWNER = "llmopt-sockets-", "server"
+SOCKETS_UNCLAIMED_S = 600.0  # a folder with no owner yet is a start under way, for this long
+
+
+def socket_folder() -> Path:
+    """A folder of its own for a server's ZeroMQ sockets. vLLM makes them in the temporary folder,
+    named by UUID, and a server stopped by a signal leaves them there: three a start, about 2,700
+    over a few days of this project's tests. The folders of servers no longer running go first."""
+    sweep_socket_folders()
+    return Path(tempfile.mkdtemp(prefix=SOCKETS_PREFIX))
+
+
+def sweep_socket_folders() -> list[Path]:
+    """Remove the socket folders whose server has exited (its pid and start time are recorded in the
+    folder); another user's, unreadable, are left alone. Returns those removed."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(SOCKETS_PREFIX + "*"):
+        try:
+            pid, created = (folder / SOCKETS_OWNER).read_text().split()
+            gone = not procs.is_alive(int(pid), float(created))
+        except FileNotFoundError:
+            gone = folder.is_dir() and time.time() - folder.stat().st_mtime > SOCKETS_UNCLAIMED_S
+        except (OSError, ValueError):
+            continue
+        if gone:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def _pgid(pid: int) -> int | None:
