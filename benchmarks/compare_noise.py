@@ -49,9 +49,9 @@ def main() -> None:
                       "stdev": round(statistics.stdev([run[level] for run in runs]) / statistics.mean([run[level] for run in runs]), 4),
                       "floor": round(floor([run[level] for run in runs]), 4)})
     hardware = platform.detect()
-    out = {"model": MODEL, "rounds": ROUNDS, "processor": hardware.cpu_model, "cores": hardware.cores, "levels": table}
+    out = {"model": MODEL, "rounds": ROUNDS, "processor": hardware.cpu_label, "cores": hardware.cores, "levels": table}
     RESULTS.write_text(json.dumps(out, indent=2))
-    print(f"{MODEL}, {ROUNDS} deployments in turn on {hardware.cpu_model} ({hardware.cores} cores)")
+    print(f"{MODEL}, {ROUNDS} deployments in turn on {hardware.cpu_label} ({hardware.cores} cores)")
     print("concurrency | requests/s per deployment | ratio to the first | largest deviation | relative stdev | floor")
     for row in table:
         print(f"{row['concurrency']:>11} | {', '.join(f'{r:.3f}' for r in row['requests_per_s'])} | "

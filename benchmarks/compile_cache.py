@@ -87,7 +87,7 @@ def main(rounds: int) -> None:
                   "precompiled, saved model off": before_phases}
         print(f"round {r + 1}: cold {cold[-1]:.1f} s, cold with {reusing.kernels_reused} kernels kept {kept[-1]:.1f} s, precompiled {warm[-1]:.1f} s ({second.compiled_files_added} files "
               f"compiled), with the engine core spawned {spawned[-1]:.1f} s, with the saved model off {plain[-1]:.1f} s", flush=True)
-    row = {"model": MODEL, "processor": platform.detect().cpu_model, "engine": ENGINE.model_dump(mode="json"),
+    row = {"model": MODEL, "processor": platform.detect().cpu_label, "engine": ENGINE.model_dump(mode="json"),
            "rounds": rounds, "cold_s": cold, "cold_kernels_kept_s": kept, "kernels_reused": reusing.kernels_reused,
            "precompiled_s": warm, "precompiled_core_spawned_s": spawned,
            "precompiled_saved_model_off_s": plain, "cold_median_s": statistics.median(cold),

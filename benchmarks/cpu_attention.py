@@ -88,7 +88,7 @@ def main() -> None:
               f"{row['mixed_ms']:>9} {row['mixed_over_parts']:>11} {row['prefill_gflops']:>15} "
               f"{row['prefill_ms_all_layers']:>15} ms")
     hardware = platform.detect()
-    RESULTS.write_text(json.dumps({"processor": hardware.cpu_model, "cores": hardware.cores, "isa": isa,
+    RESULTS.write_text(json.dumps({"processor": hardware.cpu_label, "cores": hardware.cores, "isa": isa,
                                    "shapes": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block": BLOCK,
                                               "decodes": DECODES, "context": CONTEXT},
                                    "median_of": ROUNDS, "rows": rows}, indent=1) + "\n")

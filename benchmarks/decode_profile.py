@@ -147,7 +147,7 @@ def main() -> None:
                     for name, share in rows.items():
                         if name != "samples":
                             print(f"    {name:<52} {share:6.1%}")
-    RESULTS.write_text(json.dumps({"processor": hardware.cpu_model, "cores": hardware.cores, "model": MODEL,
+    RESULTS.write_text(json.dumps({"processor": hardware.cpu_label, "cores": hardware.cores, "model": MODEL,
                                    "output_tokens": OUTPUT_TOKENS, "profiles": found}, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")
 

@@ -156,11 +156,11 @@ def main() -> None:
     engine_env = vllm.environment(EngineConfig(), hw)
     if any(os.environ.get(name) != value for name, value in engine_env.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], os.environ | engine_env)
-    print(f"{hw.cpu_model}, {torch.get_num_threads()} threads, flags {' '.join(hw.cpu_flags)}")
+    print(f"{hw.cpu_label}, {torch.get_num_threads()} threads, flags {' '.join(hw.cpu_flags)}")
     small_batch_linear.load(small_batch_linear.build())
     if "--zentorch" in sys.argv[1:]:
         (Path(__file__).parent / "results" / "linear_kernels_zentorch.json").write_text(json.dumps(
-            {"cpu": hw.cpu_model, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,
+            {"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,
              "zentorch": importlib.metadata.version("zentorch"), "rows": zentorch_rows()}, indent=2))
         return
     rows = []
@@ -185,7 +185,7 @@ def main() -> None:
         print(f"bf16   {m:>4} a decode step: oneDNN {step['onednn'] * 1e3:.2f} ms, packed {step['packed'] * 1e3:.2f} ms"
               + (f", llmopt {step['llmopt'] * 1e3:.2f} ms ({step['packed'] / step['llmopt']:.2f}x packed)" if step["llmopt"] else ""))
     out = Path(__file__).parent / "results" / (sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "linear_kernels.json")
-    out.write_text(json.dumps({"cpu": hw.cpu_model, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(),
+    out.write_text(json.dumps({"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(),
                                "cold_bytes": COLD_BYTES, "rows": rows}, indent=2))
 
 

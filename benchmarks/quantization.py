@@ -93,7 +93,7 @@ def main() -> None:
     rows += [{"scheme": label, "refused": reason} for label, reason in refused.items()]
     hardware = platform.detect()
     out = Path(__file__).parent / "results" / args.out
-    out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
+    out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_label, "cores": hardware.cores,
                                "cpu_flags_amx": hardware.has_amx,
                                "linear_kernels": platform.default_linear_kernels(hardware), "workload": WORKLOAD,
                                "rounds": args.rounds, "rows": rows}, indent=2) + "\n")

@@ -76,7 +76,7 @@ def main() -> None:
             found[model] = measure(model)
         except LlmoptError as exc:  # a catalogued model whose packages are not installed here
             print(f"{model}: skipped ({exc.one_line()})")
-    RESULTS.write_text(json.dumps({"processor": hardware.cpu_model, "cores": hardware.cores, "models": found}, indent=2))
+    RESULTS.write_text(json.dumps({"processor": hardware.cpu_label, "cores": hardware.cores, "models": found}, indent=2))
     for model, result in found.items():
         print(f"\n{model}: first run {result['first_run_minutes']} min, again {result['second_run_seconds']} s")
         print(f"  latency pick {result['latency_pick']}: {result['latency_pick_vs_bf16_per_user_c1']}x bf16 tokens/s per user at c=1")

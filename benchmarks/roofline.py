@@ -106,7 +106,7 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         measured.append(measure_rates(hardware.cores))
         rates = measured[-1]
-        print(f"round {round_}: {hardware.cpu_model}, {hardware.cores} cores: read {rates.read_gb_s} GB/s, copy "
+        print(f"round {round_}: {hardware.cpu_label}, {hardware.cores} cores: read {rates.read_gb_s} GB/s, copy "
               f"{rates.copy_gb_s} GB/s, bf16 matmul {rates.bf16_gflop_s} GFLOP/s, int8 {rates.int8_gflop_s} GFLOP/s", flush=True)
         for kind, folder in built.items():
             print(f"{kind}: {streamed[kind].weights_bytes / 1e6:.1f} MB per token", flush=True)
@@ -128,7 +128,7 @@ def main() -> None:
                                   "proposed": round(speculation.proposed, 2) if speculation else None}
         rows.append(row)
     out = RESULTS.with_name(args.out)
-    out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_model, "cores": hardware.cores,
+    out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_label, "cores": hardware.cores,
                                "cpu_flags_amx": hardware.has_amx, "rounds": args.rounds,
                                "machine": asdict(rates), "machine_rounds": [asdict(r) for r in measured],
                                "output_tokens": OUTPUT_TOKENS, "rows": rows}, indent=2) + "\n")

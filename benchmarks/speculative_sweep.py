@@ -73,11 +73,11 @@ def main() -> None:
                      "artifact_speculates": speculating,
                      "agree": in_job.speedup.low <= outside.speedup.high and outside.speedup.low <= in_job.speedup.high})
     hardware = platform.detect()
-    out = {"model": model, "processor": hardware.cpu_model, "cores": hardware.cores, "job_seconds": round(job_s),
+    out = {"model": model, "processor": hardware.cpu_label, "cores": hardware.cores, "job_seconds": round(job_s),
            "dataset": Path(sweep.dataset).name, "output_tokens": sweep.output_tokens, "requests_per_level": sweep.requests_per_level,
            "disable_above_batch": limit, "levels": rows}
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"{model} --speculative draft on {hardware.cpu_model} ({hardware.cores} cores); job {job_s / 60:.1f} min; "
+    print(f"{model} --speculative draft on {hardware.cpu_label} ({hardware.cores} cores); job {job_s / 60:.1f} min; "
           f"{out['dataset']}, {sweep.output_tokens or 'natural'} tokens per request; switched off above: {limit or 'nothing'}")
     print("conc | sweep: speed-up [interval] decode TTFT accept | direct: speed-up [interval] decode TTFT accept | agree")
     for row in rows:

@@ -72,7 +72,7 @@ def main(kernels: str | None) -> None:
             print(f"  {r['op'][:46]:<46} {r['ms_a_step']:>7.3f} ms {r['calls_a_step']:>7.1f} calls {r['share']:>6.1%}")
     hw = platform.detect()
     out = RESULTS.with_name(f"step_profile_{kernels}.json") if kernels else RESULTS
-    out.write_text(json.dumps({"processor": hw.cpu_model, "cores": hw.cores, "model": MODEL,
+    out.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "model": MODEL,
                                "linear_kernels": vllm.linear_kernels(EngineConfig(linear_kernels=kernels), hw),
                                "weights_read_per_token_bytes": traffic.weights_bytes, "profiles": found}, indent=2) + "\n")
     print(f"\nwrote {out}")

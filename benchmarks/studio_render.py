@@ -112,7 +112,7 @@ def main(count: int, repeats: int) -> None:
     print(f"\ntarget: each page under {TARGET_MS:.0f} ms: {'met' if met else 'NOT met'}")
     out = Path(__file__).parent / "results" / "studio_render.json"
     out.write_text(json.dumps({"records": count, "repeats": repeats, "target_ms": TARGET_MS, "cores": os.cpu_count(),
-                               "processor": platform.detect().cpu_model,
+                               "processor": platform.detect().cpu_label,
                                "rows": rows, "met": met}, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -84,7 +84,7 @@ def build(model_type: str, folder: Path) -> Path:
 def run(model_type: str, workdir: Path, columns: tuple[str, ...] = COLUMNS) -> list[Outcome]:
     """Every column for one architecture, on this machine."""
     hardware = platform.detect()
-    stamp = dict(processor=hardware.cpu_model, engine=" ".join(vllm.engine_name_version()))
+    stamp = dict(processor=hardware.cpu_label, engine=" ".join(vllm.engine_name_version()))
     found: list[Outcome] = []
     name = f"coverage-{model_type.replace('_', '-')}"
     try:

@@ -92,7 +92,7 @@ def machine_rates(hw: platform.Hardware | None = None) -> Rates | None:
     hw = hw or platform.detect()
     if hw.device != "cpu":
         return None
-    kept = paths.engine_fact(f"rates-{names.slug(hw.cpu_model, 'cpu')}-{hw.cores}-cores.json")
+    kept = paths.engine_fact(f"rates-{names.slug(hw.cpu_label, 'cpu')}-{hw.cores}-cores.json")
     try:
         return Rates(**json.loads(kept.read_text()))
     except (OSError, ValueError, TypeError):

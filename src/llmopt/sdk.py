@@ -230,17 +230,24 @@ def _configured_artifact(model: str, config: str) -> Path:
 
 
 def configs(model: str) -> list[deployment_configs.DeploymentConfig]:
-    """A model's deployment configurations: measured here first, then shipped."""
-    return deployment_configs.for_model(sources.resolve(model).id)
+    """A model's deployment configurations: measured here first, then shipped. Imports nothing, so a
+    catalogued model's shipped ones read before its packages are installed, as a user choosing would."""
+    if catalog.is_catalog_id(model):
+        return deployment_configs.for_model(model)
+    found = sources.find(model)
+    if found is None:
+        raise LlmoptError(f"no imported model '{model}' to list configurations of",
+                          "give an imported model's id (`llmopt models list`) or a catalogue id")
+    return deployment_configs.for_model(found.id)
 
 
 def config_warning(config: deployment_configs.DeploymentConfig) -> str | None:
     """What to say when a configuration's rows were measured on another kind of machine."""
-    here = platform.detect()
-    if config.same_machine(here):
+    differences = platform.detect().differences(config.hardware)
+    if not differences:
         return None
-    return (f"configuration '{config.name}' was measured on {config.hardware.cpu_model} ({config.hardware.device}); this machine "
-            f"is {here.cpu_model}: its rows may not hold here. Measure them here with: llmopt recommend {config.model}")
+    return (f"configuration '{config.name}' was measured on another kind of machine ({'; '.join(differences)}): its rows may "
+            f"not hold here. Measure them here with: llmopt recommend {config.model}")
 
 
 def recommend(

@@ -46,8 +46,8 @@ class DeploymentConfig(BaseModel):
     recommendation: str  # the run that measured it
 
     def same_machine(self, hardware: Hardware) -> bool:
-        """Whether rows measured there tell what this machine would do: same processor and device."""
-        return (self.hardware.device, self.hardware.cpu_model, self.hardware.gpu) == (hardware.device, hardware.cpu_model, hardware.gpu)
+        """Whether rows measured there tell what this machine would do (`Hardware.differences`)."""
+        return not hardware.differences(self.hardware)
 
 
 def _read(path: Path, source: str) -> list[DeploymentConfig]:
