@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from llmopt import sdk
 from llmopt.presentation import recommendation, terminal
-from llmopt.presentation.format import megabytes, money, num, when
+from llmopt.presentation.format import megabytes, when
 from llmopt.presentation.report import REPORT_FILE, RESULTS_FILE
 from llmopt.presentation.verdict import verdict
 
@@ -408,18 +408,7 @@ def configs_list(model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id o
     found = sdk.configs(model)
     if as_json:
         return _json(found)
-    rows = []
-    for config in found:
-        for row in config.rows:
-            rows.append([config.name, config.source, ", ".join(config.picks), ", ".join(k for k in config.recipe if k != "name") or "-",
-                         f"{config.hardware.cpu_model} ({config.hardware.cores} cores)", row.concurrency,
-                         num(row.ttft_p50_ms), num(row.tpot_p50_ms), num(row.tokens_per_s_per_user), num(row.total_tokens_per_s),
-                         f"${row.price_per_hour:.4f}", money(row.blended_per_million),
-                         "" if row.perplexity_increase is None else f"{100 * row.perplexity_increase:+.1f}%",
-                         config.engine, config.llmopt, when(config.measured_at)])
-    terminal.listing(console, f"Deployment configurations of {model}", [
-        "name", "source", "picked for", "techniques", "hardware", "conc", "TTFT p50 ms", "TPOT p50 ms", "tok/s per user",
-        "tok/s total", "$/hour", "$ per 1M", "perplexity", "engine", "llmopt", "measured"], rows)
+    recommendation.configurations(found, console)
     for warning in {w for w in (sdk.config_warning(c) for c in found) if w}:
         _warn([warning])
     if not found:

@@ -63,7 +63,12 @@ def remove(model_id: str) -> None:
 def resolve(spec: str) -> Model:
     """A model for a user's spec: an imported id, a catalogue id (imported on first use), or a path
     (a folder inside the store means the model stored there)."""
-    return get(spec) or _stored_at(spec) or import_model(spec)
+    return find(spec) or import_model(spec)
+
+
+def find(spec: str) -> Model | None:
+    """The imported model a spec names (its id, or its folder inside the store), importing nothing."""
+    return get(spec) or _stored_at(spec)
 
 
 def _stored_at(spec: str) -> Model | None:

@@ -16,15 +16,36 @@ def _p50(stats: Stats | None) -> float | None:
     return stats.p50 if stats else None
 
 
-def listing(console: Console, title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+def listing(console: Console, title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], keys: int = 1) -> None:
     """A record per row; the first column names it, and stays whole on one line (what a user copies
-    into the next command), while the others fold to fit the terminal."""
-    table = Table(title=title)
-    for i, column in enumerate(columns):
-        table.add_column(column, overflow="fold", no_wrap=i == 0)
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
-    console.print(table)
+    into the next command). Columns that do not fit the terminal go on in further tables, each led
+    by the first `keys` columns again (what tells the rows apart), rather than every cell folding to
+    a character or two (a 13-column ranked table at 80 columns did)."""
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    for i, group in enumerate(column_groups(console.width, columns, cells, keys)):
+        table = Table(title=title if i == 0 else None)
+        for j in (*range(keys), *group):
+            table.add_column(columns[j], overflow="fold", no_wrap=j == 0)
+        for row in cells:
+            table.add_row(*(row[j] for j in (*range(keys), *group)))
+        console.print(table)
+
+
+def column_groups(width: int, columns: Sequence[str], cells: Sequence[Sequence[str]], keys: int = 1) -> list[list[int]]:
+    """The columns after the first `keys`, in order, in groups that fit `width` beside those."""
+    def needs(j: int) -> int:  # the widest cell or header, with the cell's padding and border
+        return 3 + max([len(columns[j])] + [len(line) for row in cells for line in row[j].splitlines()])
+
+    lead = 1 + sum(needs(j) for j in range(keys))
+    groups: list[list[int]] = [[]]
+    used = lead
+    for j in range(keys, len(columns)):
+        if groups[-1] and used + needs(j) > width:
+            groups.append([])
+            used = lead
+        groups[-1].append(j)
+        used += needs(j)
+    return groups
 
 
 def evaluation(results: EvaluationResults, console: Console) -> None:
