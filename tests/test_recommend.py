@@ -22,8 +22,9 @@ from llmopt import client, endpoints, recipe, sources
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
-from llmopt.presentation import terminal
-from llmopt.recommendation import candidates, configs, ranking, search
+from llmopt.presentation import recommendation, terminal
+from llmopt.presentation.format import num
+from llmopt.recommendation import calibration, candidates, configs, ranking, search
 
 from conftest import assert_one_line_error, run_cli
 
@@ -70,6 +71,32 @@ def test_weights_quantized_alike_are_counted_once(smol: sources.Model, tmp_path:
     for _ in range(2):  # as a resumed run does it again
         search.fit_budget(rec)
         assert [(c.status, c.estimate_s) for c in rec.candidates] == [("dropped", 400), ("pending", 400), ("pending", 100), ("pending", 100)]
+
+
+def test_estimates_follow_what_candidates_took_on_this_machine(smol: sources.Model, tmp_path: Path, monkeypatch) -> None:
+    """On a Zen 5 EPYC of the same name and cores as the Zen 4 the estimates were fitted on,
+    candidates took 0.42-0.84x their estimates: a new run scales them by the median of what the
+    last candidates here took over theirs, once there are a few, and says so."""
+    monkeypatch.setattr(calibration, "_fact", lambda hardware: tmp_path / "timings.json")
+    here = platform.detect()
+    raw = search.start(_spec(smol))
+    assert {c.scale for c in raw.candidates} == {1.0}
+    for took in (50, 40):
+        calibration.record(here, 100, took)
+    assert calibration.scale(here) == 1.0, "two candidates are not yet a machine"
+    calibration.record(here, 100, 60)
+    calibration.record(here, 0, 60)  # an estimate of nothing says nothing
+    assert calibration.ratios(here) == [0.5, 0.4, 0.6] and calibration.scale(here) == 0.5
+    scaled = search.start(_spec(smol))
+    by_name = {c.name: c for c in raw.candidates}
+    for candidate in scaled.candidates:
+        assert candidate.scale == 0.5 and candidate.estimate_s == pytest.approx(0.5 * by_name[candidate.name].estimate_s)
+    out = io.StringIO()
+    recommendation.estimates(scaled, Console(file=out, width=200))
+    assert "scaled by 0.5 from the candidates timed here before" in " ".join(out.getvalue().split())
+    for _ in range(calibration.KEPT):
+        calibration.record(here, 10, 1000)
+    assert len(calibration.ratios(here)) == calibration.KEPT and calibration.scale(here) == calibration.BOUNDS[1]
 
 
 QUANTIZED = {"quantization": {"method": "smoothquant"}}
@@ -345,6 +372,82 @@ def test_a_listing_keeps_each_name_whole_on_a_narrow_terminal() -> None:
     terminal.listing(Console(file=out, width=60), "configs", ["name", "source", "techniques", "hardware"],
                      [[name, "shipped", "quantization, speculative", "AMD EPYC (2 cores)"]])
     assert name in out.getvalue()
+
+
+def test_a_wide_listing_goes_on_in_tables_that_fit_each_led_by_its_keys() -> None:
+    """The ranked table's 13 columns at 80: every cell whole, no line wider than the terminal, and
+    each further table led by candidate and concurrency, which tell its rows apart."""
+    columns = ["candidate", "conc"] + [f"measure {i}" for i in range(11)]
+    rows = [[name, str(level)] + [f"{level * 1000 + i:,}.5 / 99.5" for i in range(11)]
+            for name in ("smoothquant-int8-head-ngram", "bf16") for level in (1, 8)]
+    out = io.StringIO()
+    terminal.listing(Console(file=out, width=80), "ranked", columns, rows, keys=2)
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    heads = [line for line in lines if "measure" in line]
+    assert len(heads) > 1 and all(line.startswith("┃ candidate") and "┃ conc" in line for line in heads)
+    for row in rows:
+        assert all(cell in out.getvalue() for cell in row)
+    assert [sum(g, []) for g in [terminal.column_groups(80, columns, rows, keys=2)]] == [list(range(2, 13))]
+    assert terminal.column_groups(10_000, columns, rows, keys=2) == [list(range(2, 13))], "one table where it fits"
+
+
+def test_configurations_read_at_80_columns() -> None:
+    """A table per configuration, its facts above it: every shipped configuration's name whole on a
+    line, every row's figures there, and no line wider than the terminal (one 16-column table read
+    as columns a character or two wide)."""
+    for model in llmopt.catalog_models():
+        shipped = [c for c in configs.for_model(model.id) if c.source == "shipped"]
+        out = io.StringIO()
+        recommendation.configurations(shipped, Console(file=out, width=80))
+        lines = out.getvalue().splitlines()
+        assert lines and max(len(line) for line in lines) <= 80
+        for config in shipped:
+            assert any(line.startswith(config.name + " (") for line in lines), config.name
+            for row in config.rows:
+                assert f"${row.price_per_hour:.4f}" in out.getvalue() and num(row.tokens_per_s_per_user) in out.getvalue()
+    assert recommendation.recipe_line({}) == "no techniques (the model as given)"
+    assert recommendation.recipe_line({"name": "x", "quantization": {"method": "smoothquant", "ignore": []}}) == \
+        "quantization smoothquant ignore=[]"
+
+
+def test_configurations_list_before_the_model_is_installed() -> None:
+    """A user chooses before installing: a catalogued model's shipped configurations list without
+    importing it, or even having its packages (the 1.5B's 22, about 1.6 GB)."""
+    model = "qwen2.5-coder-1.5b-instruct"
+    if sources.get(model) is not None:
+        pytest.skip(f"{model} is imported in this home")
+    listed = run_cli("configs", "list", model)
+    assert listed.returncode == 0, listed.stderr
+    assert all(c.name in listed.stdout for c in configs.for_model(model))
+    assert sources.get(model) is None, "listing imported the model"
+    assert_one_line_error(run_cli("configs", "list", "no-such-model"), "no imported model 'no-such-model'", "llmopt models list")
+
+
+ZEN4_FLAGS = ("avx", "avx2", "avx512_bf16", "avx512_vnni", "avx512f")
+
+
+def test_a_configuration_from_another_generation_under_the_same_name_says_so(tmp_path: Path) -> None:
+    """This project's machines went from Zen 4 to Zen 5 under one model name, 'AMD EPYC', with bf16
+    decode twice as fast: rows measured on the one do not tell the other, and the warning names what
+    differs. Records from before the signature was kept compare by name, flags and cores."""
+    cpuinfo = tmp_path / "cpuinfo"
+    block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n\n"
+    cpuinfo.write_text(block.format(n=0, flags=" ".join(ZEN4_FLAGS + ("avx_vnni",))) + block.format(n=1, flags="other"))
+    flags, model, signature = platform._cpu_info(cpuinfo)
+    assert (model, signature) == ("AMD EPYC", "AuthenticAMD family 26 model 2") and "avx_vnni" in flags and "other" not in flags
+    here = platform.Hardware(device="cpu", cpu_model=model, cores=2, memory_gib=24, cpu_flags=tuple(sorted(flags & set(ZEN4_FLAGS + ("avx_vnni",)))),
+                             gpu=None, cpu_signature=signature)
+    assert here.cpu_label == "AMD EPYC (AuthenticAMD family 26 model 2)" and not here.differences(here)
+    older_record = here.model_copy(update={"cpu_signature": None})
+    assert not here.differences(older_record), "a record without a signature is judged by the rest"
+    zen4 = here.model_copy(update={"cpu_signature": "AuthenticAMD family 25 model 17", "cpu_flags": ZEN4_FLAGS})
+    said = "; ".join(here.differences(zen4))
+    assert "AMD EPYC (AuthenticAMD family 25 model 17) against this AMD EPYC (AuthenticAMD family 26 model 2)" in said
+    assert "without avx_vnni, which this one has" in said
+    assert here.differences(here.model_copy(update={"cores": 32})) == ["32 cores against 2"]
+    shipped = configs.for_model("smollm2-135m-instruct")[0].model_copy(update={"hardware": zen4})
+    assert not shipped.same_machine(here) and shipped.model_copy(update={"hardware": older_record}).same_machine(here)
 
 
 def test_every_catalogued_model_ships_configurations() -> None:

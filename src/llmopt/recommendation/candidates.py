@@ -39,6 +39,7 @@ class Candidate(BaseModel):
     quantize_s: float = 0.0  # making its quantized weights: 0 without quantization, or where they are kept already
     weights: str | None = None  # those weights' key (`quantization.kept_weights`): who shares them
     pays_quantizing: bool = False  # whether this run's quantizing of `weights` falls to it (`share_quantizing`)
+    scale: float = 1.0  # this machine's past candidates' times over their estimates (`calibration.scale`)
     status: str = "pending"  # pending | done | failed | dropped
     reason: str | None = None  # why it failed, or was dropped
     job: str | None = None
@@ -49,7 +50,7 @@ class Candidate(BaseModel):
     @property
     def estimate_s(self) -> float:
         """Its time in this run: what the budget weighs and the table shows."""
-        return self.base_s + (self.quantize_s if self.pays_quantizing else 0.0)
+        return self.scale * (self.base_s + (self.quantize_s if self.pays_quantizing else 0.0))
 
 
 class Excluded(BaseModel):

@@ -25,7 +25,7 @@ from llmopt.evaluation.tokens import TokenCounter
 from llmopt.jobs import runner, store
 from llmopt.recipe import parse
 from llmopt.recommendation import candidates as candidate_recipes
-from llmopt.recommendation import configs
+from llmopt.recommendation import calibration, configs
 from llmopt.recommendation.candidates import Candidate, Excluded
 from llmopt.recommendation.ranking import GOALS, SLO, Goal, Row, mark, pareto, pick, rank
 
@@ -70,7 +70,7 @@ class RecommendSpec(BaseModel):
             "content": source.content_hash,
             "recipes": [hashing.file_sha256(Path(r)) if Path(r).is_file() else r for r in self.recipes],
             "candidates": candidates,
-            "hardware": hardware.model_dump(mode="json", include={"device", "cpu_model", "cores", "cpu_flags", "gpu", "gpu_count"}),
+            "hardware": hardware.model_dump(mode="json", include={"device", "cpu_model", "cpu_signature", "cores", "cpu_flags", "gpu", "gpu_count"}),
             "engine": vllm.engine_name_version(), "kernels": platform.linear_kernels_build(hardware),
             "llmopt": md.version("llmopt"),
         }
@@ -134,12 +134,12 @@ def start(spec: RecommendSpec) -> Recommendation:
 
 def _candidates(found: list[dict], source: sources.Model, hardware: Hardware, level_requests: dict[int, int],
                 min_level_s: float) -> list[Candidate]:
-    made = []
+    made, scale = [], calibration.scale(hardware)
     for c in found:
         quantize_s, weights = candidate_recipes.quantizing(c, source, hardware)
         made.append(Candidate(name=c["name"], recipe={k: v for k, v in c.items() if k != "name"}, quantize_s=quantize_s,
-                              weights=weights, base_s=candidate_recipes.estimate_seconds(c, source, hardware, level_requests,
-                                                                                         min_level_s)))
+                              weights=weights, scale=scale,
+                              base_s=candidate_recipes.estimate_seconds(c, source, hardware, level_requests, min_level_s)))
     candidate_recipes.share_quantizing(made, REFERENCE)
     return made
 
@@ -199,6 +199,8 @@ def run(rec: Recommendation, events: Events = lambda *a, **k: None) -> Recommend
         except LlmoptError as exc:
             _failed(candidate, exc)
         candidate.seconds = round(time.monotonic() - started, 1)
+        if candidate.status == "done" and rec.spec.executor == "local":  # a cluster's builds ran before, elsewhere
+            calibration.record(rec.hardware, candidate.estimate_s / candidate.scale, candidate.seconds)
         rec.save()
     _rank(rec)
     rec.finished_at = time.time()
