@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,6 +95,7 @@ def test_kubernetes_export_serves_the_artifact_as_export_command_would(baseline:
     assert command[command.index("python"):] == ["python"] + argv[1:]  # the image's python3 is this venv's python
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMOPT")}
     env.update({item["name"]: item["value"] for item in container["env"]})
+    env[vllm.SOCKETS_ENV] = str(sockets := vllm.socket_folder())  # plain vLLM would leave its sockets in /tmp
     server = subprocess.Popen([sys.executable] + argv[1:], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -112,6 +114,7 @@ def test_kubernetes_export_serves_the_artifact_as_export_command_would(baseline:
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(60)
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 @pytest.mark.engine
