@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from llmopt import names, paths
+from llmopt import paths
 from llmopt.engine import platform
 
 
@@ -92,7 +92,7 @@ def machine_rates(hw: platform.Hardware | None = None) -> Rates | None:
     hw = hw or platform.detect()
     if hw.device != "cpu":
         return None
-    kept = paths.engine_fact(f"rates-{names.slug(hw.cpu_label, 'cpu')}-{hw.cores}-cores.json")
+    kept = paths.engine_fact(f"rates-{hw.slug}.json")
     try:
         return Rates(**json.loads(kept.read_text()))
     except (OSError, ValueError, TypeError):

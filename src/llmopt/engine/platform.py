@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from llmopt import names
 from llmopt.engine import small_batch_linear
 
 PACKED_LINEAR_ENV = "LLMOPT_PACKED_LINEAR"  # set: llmopt's server module gives linear layers vLLM's packed kernels
@@ -54,6 +55,11 @@ class Hardware(BaseModel):
         """The processor as tables name it: its model name, and its signature where known."""
         return f"{self.cpu_model} ({self.cpu_signature})" if self.cpu_signature else self.cpu_model
 
+    @property
+    def slug(self) -> str:
+        """The machine in a file name, for facts learnt on it (its rates, its candidates' timings)."""
+        return f"{names.slug(self.cpu_label, 'cpu')}-{self.cores}-cores"
+
     def differences(self, there: "Hardware") -> list[str]:
         """How `there`, a machine figures were measured on, differs from this one in what sets their
         speed: device, processor (its signature compared where both record one), cores and
@@ -67,10 +73,11 @@ class Hardware(BaseModel):
             found.append(f"{there.cpu_label} against this {self.cpu_label}")
         if there.cores != self.cores:
             found.append(f"{there.cores} cores against {self.cores}")
-        if set(self.cpu_flags) - set(there.cpu_flags):
-            found.append(f"without {', '.join(sorted(set(self.cpu_flags) - set(there.cpu_flags)))}, which this one has")
-        if set(there.cpu_flags) - set(self.cpu_flags):
-            found.append(f"with {', '.join(sorted(set(there.cpu_flags) - set(self.cpu_flags)))}, which this one lacks")
+        only_here, only_there = set(self.cpu_flags) - set(there.cpu_flags), set(there.cpu_flags) - set(self.cpu_flags)
+        if only_here:
+            found.append(f"without {', '.join(sorted(only_here))}, which this one has")
+        if only_there:
+            found.append(f"with {', '.join(sorted(only_there))}, which this one lacks")
         return found
 
     @property

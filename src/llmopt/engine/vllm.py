@@ -469,10 +469,9 @@ def socket_folder() -> Path:
     return Path(tempfile.mkdtemp(prefix=SOCKETS_PREFIX))
 
 
-def sweep_socket_folders() -> list[Path]:
+def sweep_socket_folders() -> None:
     """Remove the socket folders whose server has exited (its pid and start time are recorded in the
-    folder); another user's, unreadable, are left alone. Returns those removed."""
-    removed = []
+    folder); another user's, unreadable, are left alone."""
     for folder in Path(tempfile.gettempdir()).glob(SOCKETS_PREFIX + "*"):
         try:
             pid, created = (folder / SOCKETS_OWNER).read_text().split()
@@ -483,8 +482,6 @@ def sweep_socket_folders() -> list[Path]:
             continue
         if gone:
             shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
 
 
 def _pgid(pid: int) -> int | None:

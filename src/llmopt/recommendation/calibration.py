@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-from llmopt import names, paths
+from llmopt import paths
 from llmopt.engine.platform import Hardware
 
 KEPT = 24  # the last ratios kept
@@ -22,7 +22,7 @@ BOUNDS = (0.25, 4.0)  # a scale outside these says more about a broken run than 
 
 
 def _fact(hardware: Hardware) -> Path:
-    return paths.engine_fact(f"recommend-timings-{names.slug(hardware.cpu_label, 'cpu')}-{hardware.cores}-cores.json")
+    return paths.engine_fact(f"recommend-timings-{hardware.slug}.json")
 
 
 def ratios(hardware: Hardware) -> list[float]:
