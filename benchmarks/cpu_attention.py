@@ -3,7 +3,8 @@ size 64, bf16 cache): seven decodes over 800-token contexts, one prompt's prefil
 call as a mixed step carries them, on one and on two OpenMP threads. Whether a mixed step costs
 more than its parts (the kernel's scheduler splits work between threads by KV length, not by
 query count), and at what rate a prefill's attention runs against the machine's fp32 and bf16
-matmul rates.
+matmul rates; beside it, torch's own `scaled_dot_product_attention` on the same prefill (bf16,
+causal, grouped heads), the other kernel at hand.
 
     .venv/bin/python benchmarks/cpu_attention.py
 """
@@ -57,6 +58,13 @@ def milliseconds(call: Callable[[], None]) -> float:
     return (time.perf_counter() - start) / CALLS * 1e3
 
 
+def sdpa_call(tokens: int) -> Callable[[], None]:
+    """torch's fused attention over one prompt, its KV heads shared by the query heads as vLLM's are."""
+    query = torch.randn(1, HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16)
+    key, value = (torch.randn(1, KV_HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16) for _ in range(2))
+    return lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
+
+
 def prefill_flops(tokens: int) -> float:
     """QK^T and PV over the causal triangle, every query head."""
     return 2 * 2 * (tokens * (tokens + 1) / 2) * HEAD_DIM * HEADS
@@ -74,19 +82,21 @@ def main() -> None:
         for prompt in PROMPTS:
             cases = {"decodes": decodes, "prefill": [(prompt, prompt)], "mixed": decodes + [(prompt, prompt)]}
             calls = {name: attention_call(reqs, key_cache, value_cache, isa) for name, reqs in cases.items()}
+            calls["sdpa"] = sdpa_call(prompt)
             runs = {name: sorted(milliseconds(call) for _ in range(ROUNDS)) for name, call in calls.items()}
             ms = {name: times[ROUNDS // 2] for name, times in runs.items()}
             rows.append({"threads": threads, "prompt": prompt, "decodes_ms": round(ms["decodes"], 3),
                          "prefill_ms": round(ms["prefill"], 3), "mixed_ms": round(ms["mixed"], 3),
                          "mixed_over_parts": round(ms["mixed"] / (ms["decodes"] + ms["prefill"]), 3),
                          "prefill_gflops": round(prefill_flops(prompt) / ms["prefill"] / 1e6, 1),
-                         "prefill_ms_all_layers": round(ms["prefill"] * LAYERS, 1)})
+                         "prefill_ms_all_layers": round(ms["prefill"] * LAYERS, 1),
+                         "sdpa_prefill_ms": round(ms["sdpa"], 3), "sdpa_gflops": round(prefill_flops(prompt) / ms["sdpa"] / 1e6, 1)})
     print(f"{'threads':>7} {'prompt':>6} {'decodes ms':>10} {'prefill ms':>10} {'mixed ms':>9} {'mixed/parts':>11} "
-          f"{'prefill GFLOP/s':>15} {'prefill, 30 layers':>18}")
+          f"{'prefill GFLOP/s':>15} {'prefill, 30 layers':>18} {'torch SDPA ms':>13} {'GFLOP/s':>8}")
     for row in rows:
         print(f"{row['threads']:>7} {row['prompt']:>6} {row['decodes_ms']:>10} {row['prefill_ms']:>10} "
               f"{row['mixed_ms']:>9} {row['mixed_over_parts']:>11} {row['prefill_gflops']:>15} "
-              f"{row['prefill_ms_all_layers']:>15} ms")
+              f"{row['prefill_ms_all_layers']:>15} ms {row['sdpa_prefill_ms']:>13} {row['sdpa_gflops']:>8}")
     hardware = platform.detect()
     RESULTS.write_text(json.dumps({"processor": hardware.cpu_label, "cores": hardware.cores, "isa": isa,
                                    "shapes": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block": BLOCK,

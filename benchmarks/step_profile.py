@@ -1,18 +1,21 @@
 """Where a decode step's time goes inside the engine, by operator: torch's profiler over decode
 steps of SmolLM2-135M in vLLM's offline API (`LLM.generate`, no HTTP front end), in the engine
-environment llmopt chooses here (its OpenMP threads, preloads and linear kernels), at batch 1 and 8.
+environment llmopt chooses here (its OpenMP threads, preloads and linear kernels), at batch 1 and 8,
+and one prefill of the built-in QA workload's first prompt (about 700 tokens).
 
 Also times plain steps without the profiler (best of three generate calls of 128 tokens) and,
 for the linear layers, the weight bytes they stream per second and the multiply-adds they do per
-second: at batch 1 they are bound by memory, at batch 8 by the kernel's arithmetic. Writes
-benchmarks/results/step_profile.json; with `--kernels packed|llmopt|vllm` (unset: llmopt's choice
-here), that linear-kernel choice (`EngineConfig.linear_kernels`) into step_profile_<kernels>.json.
+second: at batch 1 they are bound by memory, at batch 8 by the kernel's arithmetic, in a prefill
+by the matmul rate. Writes benchmarks/results/step_profile.json; with `--kernels packed|llmopt|vllm`
+(unset: llmopt's choice here), that linear-kernel choice (`EngineConfig.linear_kernels`) into
+step_profile_<kernels>.json; `--model` takes an artifact's folder (a quantized one) too.
 
-    .venv/bin/python benchmarks/step_profile.py [--kernels K]
+    .venv/bin/python benchmarks/step_profile.py [--model M] [--kernels K] [--out FILE]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -25,61 +28,80 @@ from llmopt.engine import platform, small_batch_linear, vllm
 MODEL = "smollm2-135m-instruct"
 BATCHES = (1, 8)
 PROFILED_STEPS = 32
+PREFILL_REPEATS = 4
 RESULTS = Path(__file__).parent / "results" / "step_profile.json"
 LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_with_quant", "llmopt::small_batch_linear")
 
 
-def main(kernels: str | None) -> None:
+def main(model: str, kernels: str | None, out: Path) -> None:
     import torch
     from vllm import LLM, SamplingParams
 
     from llmopt.engine import serve
+    from llmopt.evaluation import workload
 
     serve.linear_kernels_from_environment()
-    folder = Path(sources.resolve(MODEL).path)
+    folder = Path(model) if Path(model).is_dir() else Path(sources.resolve(model).path)
     traffic = roofline.traffic(folder)
-    llm = LLM(str(folder), max_model_len=2048, seed=0)
-    prompt = "Write a story about a cat. " * 2
+    # no prefix caching: the prefill profile sends one prompt again and again
+    llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False)
+    short = "Write a story about a cat. " * 2
+    # the built-in QA workload's first request, as the chat template renders it: a real prefill
+    asked = list(workload.builtin_qa(0, 1).requests[0].messages)
+    long = llm.get_tokenizer().apply_chat_template(asked, tokenize=False, add_generation_prompt=True)
+    long_tokens = len(llm.get_tokenizer()(long, add_special_tokens=False).input_ids)
 
-    def generate(batch: int, tokens: int) -> None:
+    def generate(prompts: list[str], tokens: int) -> None:
         params = SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=0)
-        llm.generate([prompt] * batch, params, use_tqdm=False)
+        llm.generate(prompts, params, use_tqdm=False)
 
-    generate(1, 8)
-    found = {}
-    for batch in BATCHES:
+    def profiled(run, repeats: int, steps: int, rows_a_step: int) -> dict:
+        """Plain time of a step (best of three), then torch's profiler over `repeats` runs, per step."""
         plain = []
         for _ in range(3):
             started = time.perf_counter()
-            generate(batch, 128)
-            plain.append((time.perf_counter() - started) / 128)
+            run()
+            plain.append((time.perf_counter() - started) / steps)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            generate(batch, PROFILED_STEPS)
+            for _ in range(repeats):
+                run()
+        per = repeats * steps
         ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-        total = sum(e.self_cpu_time_total for e in ops) / PROFILED_STEPS / 1e3  # ms a step
-        rows = [{"op": e.key, "ms_a_step": round(e.self_cpu_time_total / PROFILED_STEPS / 1e3, 3),
-                 "calls_a_step": round(e.count / PROFILED_STEPS, 1), "share": round(e.self_cpu_time_total / 1e3 / PROFILED_STEPS / total, 4)}
+        total = sum(e.self_cpu_time_total for e in ops) / per / 1e3  # ms a step
+        rows = [{"op": e.key, "ms_a_step": round(e.self_cpu_time_total / per / 1e3, 3),
+                 "calls_a_step": round(e.count / per, 1), "share": round(e.self_cpu_time_total / 1e3 / per / total, 4)}
                 for e in ops[:20]]
         linear_ms = sum(r["ms_a_step"] for r in rows if r["op"] in LINEAR_OPS)
         macs = traffic.macs_bf16 + traffic.macs_int8
-        found[f"batch {batch}"] = {
-            "step_ms": round(min(plain) * 1e3, 2), "profiled_step_ms": round(total, 2), "linear_ms": round(linear_ms, 2),
-            "linear_gb_s": round(traffic.weights_bytes / (linear_ms / 1e3) / 1e9, 1) if linear_ms else None,
-            "linear_gflop_s": round(2 * macs * batch / (linear_ms / 1e3) / 1e9, 1) if linear_ms else None, "ops": rows}
-        print(f"\nbatch {batch}: {found[f'batch {batch}']['step_ms']} ms a step ({total:.2f} profiled); linear layers "
-              f"{linear_ms:.2f} ms ({found[f'batch {batch}']['linear_gb_s']} GB/s, {found[f'batch {batch}']['linear_gflop_s']} GFLOP/s)")
-        for r in rows:
+        return {"step_ms": round(min(plain) * 1e3, 2), "profiled_step_ms": round(total, 2), "linear_ms": round(linear_ms, 2),
+                "linear_gb_s": round(traffic.weights_bytes / (linear_ms / 1e3) / 1e9, 1) if linear_ms else None,
+                "linear_gflop_s": round(2 * macs * rows_a_step / (linear_ms / 1e3) / 1e9, 1) if linear_ms else None, "ops": rows}
+
+    generate([short], 8)
+    found = {}
+    for batch in BATCHES:
+        found[f"batch {batch}"] = profiled(lambda: generate([short] * batch, PROFILED_STEPS), 1, PROFILED_STEPS, batch)
+    # one output token: the run is the prompt's prefill (vLLM's budget takes it in one step) and a sample
+    found[f"prefill {long_tokens}"] = profiled(lambda: generate([long], 1), PREFILL_REPEATS, 1, long_tokens)
+    for name, phase in found.items():
+        print(f"\n{name}: {phase['step_ms']} ms a step ({phase['profiled_step_ms']:.2f} profiled); linear layers "
+              f"{phase['linear_ms']:.2f} ms ({phase['linear_gb_s']} GB/s, {phase['linear_gflop_s']} GFLOP/s)")
+        for r in phase["ops"]:
             print(f"  {r['op'][:46]:<46} {r['ms_a_step']:>7.3f} ms {r['calls_a_step']:>7.1f} calls {r['share']:>6.1%}")
     hw = platform.detect()
-    out = RESULTS.with_name(f"step_profile_{kernels}.json") if kernels else RESULTS
-    out.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "model": MODEL,
+    out.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "model": model,
                                "linear_kernels": vllm.linear_kernels(EngineConfig(linear_kernels=kernels), hw),
                                "weights_read_per_token_bytes": traffic.weights_bytes, "profiles": found}, indent=2) + "\n")
     print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":
-    chosen = sys.argv[sys.argv.index("--kernels") + 1] if "--kernels" in sys.argv else None
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=MODEL, help="a catalogued or imported model, or an artifact's folder")
+    parser.add_argument("--kernels", choices=("packed", "llmopt", "vllm"), help="the linear kernels (unset: llmopt's choice here)")
+    parser.add_argument("--out", type=Path, help="the JSON to write (default: results/step_profile[_KERNELS].json)")
+    args = parser.parse_args()
+    chosen = args.kernels
     engine_env = vllm.environment(EngineConfig(max_model_len=2048, linear_kernels=chosen), platform.detect())
     unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.LIBRARY_ENV) if name not in engine_env]
     if any(os.environ.get(name) != value for name, value in engine_env.items()) or any(n in os.environ for n in unset):
@@ -89,4 +111,4 @@ if __name__ == "__main__":
         cache = Path.home() / ".cache" / "llmopt-step-profile" / vllm.linear_kernels(EngineConfig(linear_kernels=chosen), platform.detect())
         os.execve(sys.executable, [sys.executable, *sys.argv], clean | engine_env | {
             "TQDM_DISABLE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
-    main(chosen)
+    main(args.model, chosen, args.out or (RESULTS.with_name(f"step_profile_{chosen}.json") if chosen else RESULTS))

@@ -81,13 +81,12 @@ def configurations(found: list[DeploymentConfig], console: Console) -> None:
 
 
 def estimates(rec: Recommendation, console: Console) -> None:
-    rows = [[c.name, ", ".join(k for k in c.recipe if k != "name") or "(as it is)", f"{c.estimate_s / 60:.1f}", c.status,
-             c.reason or ""] for c in rec.candidates]
+    rows = [[c.name, recipe_line(c.recipe), f"{c.estimate_s / 60:.1f}", c.status, c.reason or ""] for c in rec.candidates]
     rows += [[e.technique, "", "", "left out", e.reason] for e in rec.excluded]
     scale = rec.candidates[0].scale if rec.candidates else 1.0
     timed = f", scaled by {scale:g} from the candidates timed here before" if scale != 1.0 else ""
     terminal.listing(console, f"Candidates for {rec.spec.model} (estimated minutes on this machine{timed})",
-                     ["candidate", "techniques", "minutes", "status", "note"], rows)
+                     ["candidate", "recipe", "minutes", "status", "note"], rows)
 
 
 def table(rec: Recommendation, console: Console) -> None:

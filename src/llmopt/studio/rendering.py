@@ -14,6 +14,7 @@ from starlette.responses import HTMLResponse
 
 from llmopt import sdk
 from llmopt.presentation import format as formats
+from llmopt.presentation.recommendation import recipe_line
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
@@ -23,7 +24,7 @@ NAV = (("/models", "Models"), ("/jobs/new", "Optimize"), ("/jobs", "Jobs"), ("/e
 templates = Jinja2Templates(directory=str(TEMPLATES))
 templates.env.filters.update(
     when=formats.when, num=formats.num, money=formats.money, pct=formats.pct, times=formats.times,
-    megabytes=formats.megabytes, tojson_pretty=lambda v: json.dumps(v, indent=2, default=str),
+    megabytes=formats.megabytes, recipe=recipe_line, tojson_pretty=lambda v: json.dumps(v, indent=2, default=str),
     svg=Markup,  # charts drawn by llmopt.presentation, which escapes every label it writes
 )
 templates.env.globals.update(nav=NAV, JOB_ACTIVE=sdk.ACTIVE_JOB_STATUSES, EVALUATION_ACTIVE=sdk.ACTIVE_EVALUATION_STATUSES,

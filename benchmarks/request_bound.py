@@ -1,0 +1,131 @@
+"""How far `recommend`'s ratios can go on this machine: the bound the built-in QA workload sets on
+each candidate, from the machine's rates, and the measured rows as fractions of it.
+
+A request's time is at least its prefill plus its decoding. Its prefill does the multiply-adds of
+the prompt tokens the prefix cache does not hold (vLLM's 128-token blocks, simulated over the
+workload's prompts in order, as one pass of a level sends them) at the machine's matmul rate:
+int8 for an INT8 artifact's linear layers, bf16 for the rest and for attention; the `lm_head` for
+the last position only. Each output token then takes a decode step at its bound: the weights and
+the KV cache read once at the machine's read bandwidth (`llmopt.roofline`). Speculation is not in
+the bound: at best it makes decoding free, which the "prefill alone" column gives.
+
+Inputs: the machine's rates (`roofline.machine_rates`: kept per machine, measured the first time),
+each candidate's artifact (its safetensors headers), the workload's prompts as the model's chat
+template renders them, and a `recommend` run's rows and output lengths
+(`results/recommend-<model>/recommendation.json`, where the shipped configurations came from;
+the artifacts must be on this machine). Prints a table and writes results/request_bound.json.
+
+    .venv/bin/python benchmarks/request_bound.py [MODEL]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from llmopt import roofline, sources
+from llmopt.engine import platform
+from llmopt.evaluation import workload
+
+RESULTS = Path(__file__).parent / "results"
+BLOCK = 128  # vLLM's CPU KV-cache block: the prefix cache matches whole blocks
+BATCH = 8
+
+
+def uncached(prompts: list[list[int]]) -> list[int]:
+    """Each prompt's tokens the prefix cache does not hold, sent in order after the others: whole
+    blocks already seen as a prefix are reused, and the last token is always computed."""
+    seen: set[tuple[int, ...]] = set()
+    left = []
+    for ids in prompts:
+        blocks = [tuple(ids[:end]) for end in range(BLOCK, len(ids) + 1, BLOCK)]
+        hit = 0
+        for prefix in blocks:
+            if prefix not in seen:
+                break
+            hit = len(prefix)
+        left.append(len(ids) - min(hit, len(ids) - 1))
+        seen.update(blocks)
+    return left
+
+
+def prefill_seconds(folder: Path, rates: roofline.Rates, tokens: int, context: int) -> float:
+    """`tokens` new positions after `context` cached ones: their linear layers (the `lm_head` for
+    the last one only), and causal attention over every position before each."""
+    traffic, config = roofline.traffic(folder), json.loads((folder / "config.json").read_text())
+    head = roofline.tensors(folder).get("lm_head.weight")
+    head_int8 = head is not None and head["dtype"] == "I8"
+    head_macs = config["vocab_size"] * config["hidden_size"]
+    int8_rate, bf16_rate = (rates.int8_gflop_s or rates.bf16_gflop_s) * 1e9, rates.bf16_gflop_s * 1e9
+    body = (traffic.macs_int8 - head_macs * head_int8) / int8_rate + (traffic.macs_bf16 - head_macs * (not head_int8)) / bf16_rate
+    heads, layers = config["num_attention_heads"], config["num_hidden_layers"]
+    width = heads * (config.get("head_dim") or config["hidden_size"] // heads)
+    attended = tokens * context + tokens * (tokens + 1) / 2
+    return 2 * tokens * body + 2 * head_macs / (int8_rate if head_int8 else bf16_rate) + 2 * 2 * attended * width * layers / bf16_rate
+
+
+def bound(folder: Path, rates: roofline.Rates, prompts: list[list[int]], outputs: list[int]) -> dict:
+    traffic = roofline.traffic(folder)
+    prefill = [prefill_seconds(folder, rates, new, len(ids) - new) for ids, new in zip(prompts, uncached(prompts))]
+    step = [1 / roofline.bound_tokens_per_s(traffic, rates, 1, len(ids) + out // 2)[0] for ids, out in zip(prompts, outputs)]
+    batch_step = BATCH / roofline.bound_tokens_per_s(traffic, rates, BATCH, round(statistics.mean(map(len, prompts))))[0]
+    return {
+        "prefill_ms": 1e3 * statistics.median(prefill), "decode_ms": 1e3 * statistics.median(step),
+        # llmopt's tokens/s per user: each request's output tokens over its latency, averaged
+        "per_user_c1": statistics.mean(out / (p + out * s) for out, p, s in zip(outputs, prefill, step)),
+        "prefill_alone_per_user_c1": statistics.mean(out / p for out, p in zip(outputs, prefill)),
+        # every prefill in turn, the answers decoded BATCH at a time
+        "total_c8": sum(outputs) / (sum(prefill) + sum(outputs) / BATCH * batch_step),
+    }
+
+
+def main(model: str) -> None:
+    rec = json.loads((RESULTS / f"recommend-{model}" / "recommendation.json").read_text())
+    rates = roofline.machine_rates(platform.detect())
+    tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(sources.resolve(model).path)
+    lengths = {int(k): v for k, v in rec["lengths"].items()}
+    asked = workload.builtin_qa(rec["spec"].get("seed", 0), len(lengths)).requests
+    prompts = [tokenizer(tokenizer.apply_chat_template(list(r.messages), tokenize=False, add_generation_prompt=True),
+                         add_special_tokens=False).input_ids for r in asked]
+    outputs = [lengths[i] for i in range(len(asked))]
+    rows = {(r["candidate"], r["concurrency"]): r for r in rec["rows"]}
+    bf16_c1, bf16_c8 = rows[("bf16", 1)], rows[("bf16", 8)]
+    found = {}
+    for candidate in rec["candidates"]:
+        folder = Path(candidate.get("artifact") or "")
+        if candidate["status"] != "done" or not (folder / "config.json").is_file():
+            continue
+        b = bound(folder, rates, prompts, outputs)
+        c1, c8 = rows.get((candidate["name"], 1)), rows.get((candidate["name"], 8))
+        found[candidate["name"]] = b | {
+            "measured_ttft_p50_ms": c1["ttft_p50_ms"], "measured_tpot_p50_ms": c1["tpot_p50_ms"],
+            "measured_per_user_c1": c1["tokens_per_s_per_user"], "measured_total_c8": c8["total_tokens_per_s"],
+            "bound_per_user_c1_vs_bf16_measured": b["per_user_c1"] / bf16_c1["tokens_per_s_per_user"],
+            "prefill_alone_vs_bf16_measured": b["prefill_alone_per_user_c1"] / bf16_c1["tokens_per_s_per_user"],
+            "bound_total_c8_vs_bf16_measured": b["total_c8"] / bf16_c8["total_tokens_per_s"],
+        }
+    hw = platform.detect()
+    print(f"{model} on {hw.cpu_label}, {hw.cores} cores; rates: read {rates.read_gb_s} GB/s, bf16 {rates.bf16_gflop_s} GFLOP/s, "
+          f"int8 {rates.int8_gflop_s}; {len(prompts)} QA prompts, median {statistics.median(map(len, prompts)):.0f} tokens, "
+          f"{sum(map(len, prompts)) - sum(uncached(prompts))} of {sum(map(len, prompts))} held by the prefix cache; "
+          f"median answer {statistics.median(outputs)} tokens")
+    print(f"{'candidate':<28} {'TTFT bound/meas ms':>19} {'TPOT bound/meas ms':>19} {'per user c1 bound/meas':>23} "
+          f"{'bound/bf16':>10} {'prefill alone/bf16':>18} {'total c8 bound/meas':>20} {'bound/bf16':>10}")
+    for name, r in found.items():
+        print(f"{name:<28} {r['prefill_ms']:>8.0f} /{r['measured_ttft_p50_ms']:>6.0f} ({r['prefill_ms'] / r['measured_ttft_p50_ms']:>3.0%})"
+              f" {r['decode_ms']:>6.2f} /{r['measured_tpot_p50_ms']:>5.2f} ({r['decode_ms'] / r['measured_tpot_p50_ms']:>3.0%})"
+              f" {r['per_user_c1']:>9.1f} /{r['measured_per_user_c1']:>5.1f} ({r['measured_per_user_c1'] / r['per_user_c1']:>3.0%})"
+              f" {r['bound_per_user_c1_vs_bf16_measured']:>9.2f}x {r['prefill_alone_vs_bf16_measured']:>17.2f}x"
+              f" {r['total_c8']:>9.1f} /{r['measured_total_c8']:>5.1f} ({r['measured_total_c8'] / r['total_c8']:>3.0%})"
+              f" {r['bound_total_c8_vs_bf16_measured']:>9.2f}x")
+    out = RESULTS / "request_bound.json"
+    out.write_text(json.dumps({"model": model, "processor": hw.cpu_label, "cores": hw.cores, "rates": asdict(rates),
+                               "recommendation": rec["id"], "prompts": len(prompts), "candidates": found}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct")
