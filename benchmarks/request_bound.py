@@ -2,8 +2,8 @@
 each candidate, from the machine's rates, and the measured rows as fractions of it.
 
 A request's time is at least its prefill plus its decoding. Its prefill does the multiply-adds of
-the prompt tokens the prefix cache does not hold (vLLM's 128-token blocks, simulated over the
-workload's prompts in order, as one pass of a level sends them) at the machine's matmul rate:
+the prompt tokens the prefix cache does not hold (vLLM's 128-token blocks, simulated over the prompts
+the levels measured, in the order a pass sends them) at the machine's matmul rate:
 int8 for an INT8 artifact's linear layers, bf16 for the rest and for attention; the `lm_head` for
 the last position only. Each output token then takes a decode step at its bound: the weights and
 the KV cache read once at the machine's read bandwidth (`llmopt.roofline`). Speculation is not in
@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import transformers
 
 from llmopt import roofline, sources
 from llmopt.engine import platform
-from llmopt.evaluation import workload
+from llmopt.evaluation.levels import Plan
 
 RESULTS = Path(__file__).parent / "results"
 BLOCK = 128  # vLLM's CPU KV-cache block: the prefix cache matches whole blocks
@@ -37,69 +39,92 @@ BATCH = 8
 
 def uncached(prompts: list[list[int]]) -> list[int]:
     """Each prompt's tokens the prefix cache does not hold, sent in order after the others: whole
-    blocks already seen as a prefix are reused, and the last token is always computed."""
+    blocks of an identical prefix are reused, up to the last full block before the prompt's last
+    token (vLLM always computes that token, and the block it falls in)."""
     seen: set[tuple[int, ...]] = set()
     left = []
     for ids in prompts:
-        blocks = [tuple(ids[:end]) for end in range(BLOCK, len(ids) + 1, BLOCK)]
         hit = 0
-        for prefix in blocks:
-            if prefix not in seen:
+        for end in range(BLOCK, len(ids), BLOCK):
+            if tuple(ids[:end]) not in seen:
                 break
-            hit = len(prefix)
-        left.append(len(ids) - min(hit, len(ids) - 1))
-        seen.update(blocks)
+            hit = end
+        left.append(len(ids) - hit)
+        seen.update(tuple(ids[:end]) for end in range(BLOCK, len(ids) + 1, BLOCK))
     return left
 
 
-def prefill_seconds(folder: Path, rates: roofline.Rates, tokens: int, context: int) -> float:
+@dataclass(frozen=True)
+class Model:
+    """What a candidate's prefill and decode steps cost, from its folder."""
+
+    traffic: roofline.Traffic
+    layers: int
+    attention_width: int  # query heads times head size
+    head_int8: bool
+
+    @classmethod
+    def of(cls, folder: Path) -> "Model":
+        config = json.loads((folder / "config.json").read_text())
+        heads = config["num_attention_heads"]
+        head = roofline.tensors(folder).get("lm_head.weight")
+        return cls(roofline.traffic(folder), config["num_hidden_layers"],
+                   heads * (config.get("head_dim") or config["hidden_size"] // heads), head is not None and head["dtype"] == "I8")
+
+
+def prefill_seconds(model: Model, rates: roofline.Rates, tokens: int, context: int) -> float:
     """`tokens` new positions after `context` cached ones: their linear layers (the `lm_head` for
-    the last one only), and causal attention over every position before each."""
-    traffic, config = roofline.traffic(folder), json.loads((folder / "config.json").read_text())
-    head = roofline.tensors(folder).get("lm_head.weight")
-    head_int8 = head is not None and head["dtype"] == "I8"
-    head_macs = config["vocab_size"] * config["hidden_size"]
+    the last one only), and causal attention (QK and PV) over every position before each, in bf16."""
+    t = model.traffic
     int8_rate, bf16_rate = (rates.int8_gflop_s or rates.bf16_gflop_s) * 1e9, rates.bf16_gflop_s * 1e9
-    body = (traffic.macs_int8 - head_macs * head_int8) / int8_rate + (traffic.macs_bf16 - head_macs * (not head_int8)) / bf16_rate
-    heads, layers = config["num_attention_heads"], config["num_hidden_layers"]
-    width = heads * (config.get("head_dim") or config["hidden_size"] // heads)
+    head_rate = int8_rate if model.head_int8 else bf16_rate
+    body = ((t.macs_int8 - t.head_macs * model.head_int8) / int8_rate
+            + (t.macs_bf16 - t.head_macs * (not model.head_int8)) / bf16_rate)
     attended = tokens * context + tokens * (tokens + 1) / 2
-    return 2 * tokens * body + 2 * head_macs / (int8_rate if head_int8 else bf16_rate) + 2 * 2 * attended * width * layers / bf16_rate
+    return 2 * tokens * body + 2 * t.head_macs / head_rate + 2 * 2 * attended * model.attention_width * model.layers / bf16_rate
 
 
-def bound(folder: Path, rates: roofline.Rates, prompts: list[list[int]], outputs: list[int]) -> dict:
-    traffic = roofline.traffic(folder)
-    prefill = [prefill_seconds(folder, rates, new, len(ids) - new) for ids, new in zip(prompts, uncached(prompts))]
-    step = [1 / roofline.bound_tokens_per_s(traffic, rates, 1, len(ids) + out // 2)[0] for ids, out in zip(prompts, outputs)]
-    batch_step = BATCH / roofline.bound_tokens_per_s(traffic, rates, BATCH, round(statistics.mean(map(len, prompts))))[0]
+def bound(folder: Path, rates: roofline.Rates, prompts: list[list[int]], outputs: list[int]) -> dict[str, float]:
+    """Per request: its prefill, which yields the first token, then a decode step at the bound for
+    each further one. At c=8 every prefill in turn and the answers decoded eight at a time: an
+    estimate rather than a strict bound, since vLLM may fold prefill chunks into decode steps."""
+    model = Model.of(folder)
+    prefill = [prefill_seconds(model, rates, new, len(ids) - new) for ids, new in zip(prompts, uncached(prompts))]
+    step = [1 / roofline.bound_tokens_per_s(model.traffic, rates, 1, len(ids) + out // 2)[0] for ids, out in zip(prompts, outputs)]
+    context = round(statistics.mean(len(ids) + out // 2 for ids, out in zip(prompts, outputs)))
+    batch_step = BATCH / roofline.bound_tokens_per_s(model.traffic, rates, BATCH, context)[0]
     return {
         "prefill_ms": 1e3 * statistics.median(prefill), "decode_ms": 1e3 * statistics.median(step),
         # llmopt's tokens/s per user: each request's output tokens over its latency, averaged
-        "per_user_c1": statistics.mean(out / (p + out * s) for out, p, s in zip(outputs, prefill, step)),
+        "per_user_c1": statistics.mean(out / (p + (out - 1) * s) for out, p, s in zip(outputs, prefill, step)),
         "prefill_alone_per_user_c1": statistics.mean(out / p for out, p in zip(outputs, prefill)),
-        # every prefill in turn, the answers decoded BATCH at a time
-        "total_c8": sum(outputs) / (sum(prefill) + sum(outputs) / BATCH * batch_step),
+        "total_c8": sum(outputs) / (sum(prefill) + (sum(outputs) - len(outputs)) / BATCH * batch_step),
     }
 
 
 def main(model: str) -> None:
     rec = json.loads((RESULTS / f"recommend-{model}" / "recommendation.json").read_text())
-    rates = roofline.machine_rates(platform.detect())
-    tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(sources.resolve(model).path)
+    hw = platform.detect()
+    rates = roofline.machine_rates(hw)
+    spec = rec["spec"]
+    # the prompts the levels measured: past the warm-ups, which go out under a cache salt of their own
+    plan = Plan(dataset=spec["dataset"], concurrency=spec["concurrency"], requests=spec["requests"], min_duration_s=spec["min_duration_s"])
+    first, count = plan.first_request() or 0, plan.requests_at(max(plan.concurrency)) or 0
+    asked = plan.workload(None).requests[first:first + count]
     lengths = {int(k): v for k, v in rec["lengths"].items()}
-    asked = workload.builtin_qa(rec["spec"].get("seed", 0), len(lengths)).requests
+    tokenizer = transformers.AutoTokenizer.from_pretrained(sources.resolve(model).path)
     prompts = [tokenizer(tokenizer.apply_chat_template(list(r.messages), tokenize=False, add_generation_prompt=True),
                          add_special_tokens=False).input_ids for r in asked]
-    outputs = [lengths[i] for i in range(len(asked))]
+    outputs = [lengths[first + i] for i in range(len(asked))]
     rows = {(r["candidate"], r["concurrency"]): r for r in rec["rows"]}
     bf16_c1, bf16_c8 = rows[("bf16", 1)], rows[("bf16", 8)]
     found = {}
     for candidate in rec["candidates"]:
         folder = Path(candidate.get("artifact") or "")
-        if candidate["status"] != "done" or not (folder / "config.json").is_file():
+        c1, c8 = rows.get((candidate["name"], 1)), rows.get((candidate["name"], 8))
+        if candidate["status"] != "done" or not (folder / "config.json").is_file() or not (c1 and c8):
             continue
         b = bound(folder, rates, prompts, outputs)
-        c1, c8 = rows.get((candidate["name"], 1)), rows.get((candidate["name"], 8))
         found[candidate["name"]] = b | {
             "measured_ttft_p50_ms": c1["ttft_p50_ms"], "measured_tpot_p50_ms": c1["tpot_p50_ms"],
             "measured_per_user_c1": c1["tokens_per_s_per_user"], "measured_total_c8": c8["total_tokens_per_s"],
@@ -107,10 +132,10 @@ def main(model: str) -> None:
             "prefill_alone_vs_bf16_measured": b["prefill_alone_per_user_c1"] / bf16_c1["tokens_per_s_per_user"],
             "bound_total_c8_vs_bf16_measured": b["total_c8"] / bf16_c8["total_tokens_per_s"],
         }
-    hw = platform.detect()
+    cached = sum(map(len, prompts)) - sum(uncached(prompts))
     print(f"{model} on {hw.cpu_label}, {hw.cores} cores; rates: read {rates.read_gb_s} GB/s, bf16 {rates.bf16_gflop_s} GFLOP/s, "
-          f"int8 {rates.int8_gflop_s}; {len(prompts)} QA prompts, median {statistics.median(map(len, prompts)):.0f} tokens, "
-          f"{sum(map(len, prompts)) - sum(uncached(prompts))} of {sum(map(len, prompts))} held by the prefix cache; "
+          f"int8 {rates.int8_gflop_s}; {len(prompts)} QA prompts measured, median {statistics.median(map(len, prompts)):.0f} tokens, "
+          f"{cached} of {sum(map(len, prompts))} held by the prefix cache; "
           f"median answer {statistics.median(outputs)} tokens")
     print(f"{'candidate':<28} {'TTFT bound/meas ms':>19} {'TPOT bound/meas ms':>19} {'per user c1 bound/meas':>23} "
           f"{'bound/bf16':>10} {'prefill alone/bf16':>18} {'total c8 bound/meas':>20} {'bound/bf16':>10}")

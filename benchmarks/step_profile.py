@@ -1,7 +1,7 @@
 """Where a decode step's time goes inside the engine, by operator: torch's profiler over decode
 steps of SmolLM2-135M in vLLM's offline API (`LLM.generate`, no HTTP front end), in the engine
 environment llmopt chooses here (its OpenMP threads, preloads and linear kernels), at batch 1 and 8,
-and one prefill of the built-in QA workload's first prompt (about 700 tokens).
+and one prefill of the built-in QA workload's first prompt (884 tokens in SmolLM2's template).
 
 Also times plain steps without the profiler (best of three generate calls of 128 tokens) and,
 for the linear layers, the weight bytes they stream per second and the multiply-adds they do per
@@ -27,7 +27,7 @@ from llmopt.engine import platform, small_batch_linear, vllm
 
 MODEL = "smollm2-135m-instruct"
 BATCHES = (1, 8)
-PROFILED_STEPS = 32
+DECODE_STEPS = 128
 PREFILL_REPEATS = 4
 RESULTS = Path(__file__).parent / "results" / "step_profile.json"
 LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_with_quant", "llmopt::small_batch_linear")
@@ -55,8 +55,9 @@ def main(model: str, kernels: str | None, out: Path) -> None:
         params = SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=0)
         llm.generate(prompts, params, use_tqdm=False)
 
-    def profiled(run, repeats: int, steps: int, rows_a_step: int) -> dict:
-        """Plain time of a step (best of three), then torch's profiler over `repeats` runs, per step."""
+    def profiled(run, repeats: int, steps: int, rows: int, head_rows: int) -> dict:
+        """Plain time of a step (best of three), then torch's profiler over `repeats` runs, per step.
+        `rows` go through the linear layers a step, `head_rows` of them through the `lm_head`."""
         plain = []
         for _ in range(3):
             started = time.perf_counter()
@@ -68,21 +69,22 @@ def main(model: str, kernels: str | None, out: Path) -> None:
         per = repeats * steps
         ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
         total = sum(e.self_cpu_time_total for e in ops) / per / 1e3  # ms a step
-        rows = [{"op": e.key, "ms_a_step": round(e.self_cpu_time_total / per / 1e3, 3),
-                 "calls_a_step": round(e.count / per, 1), "share": round(e.self_cpu_time_total / 1e3 / per / total, 4)}
-                for e in ops[:20]]
-        linear_ms = sum(r["ms_a_step"] for r in rows if r["op"] in LINEAR_OPS)
-        macs = traffic.macs_bf16 + traffic.macs_int8
+        ops_rows = [{"op": e.key, "ms_a_step": round(e.self_cpu_time_total / per / 1e3, 3),
+                     "calls_a_step": round(e.count / per, 1), "share": round(e.self_cpu_time_total / 1e3 / per / total, 4)}
+                    for e in ops[:20]]
+        linear_ms = sum(r["ms_a_step"] for r in ops_rows if r["op"] in LINEAR_OPS)
+        macs = (traffic.macs_bf16 + traffic.macs_int8 - traffic.head_macs) * rows + traffic.head_macs * head_rows
+        decoding = rows == head_rows  # a prefill reads each weight once for many rows: its bytes say nothing
         return {"step_ms": round(min(plain) * 1e3, 2), "profiled_step_ms": round(total, 2), "linear_ms": round(linear_ms, 2),
-                "linear_gb_s": round(traffic.weights_bytes / (linear_ms / 1e3) / 1e9, 1) if linear_ms else None,
-                "linear_gflop_s": round(2 * macs * rows_a_step / (linear_ms / 1e3) / 1e9, 1) if linear_ms else None, "ops": rows}
+                "linear_gb_s": round(traffic.weights_bytes / (linear_ms / 1e3) / 1e9, 1) if linear_ms and decoding else None,
+                "linear_gflop_s": round(2 * macs / (linear_ms / 1e3) / 1e9, 1) if linear_ms else None, "ops": ops_rows}
 
     generate([short], 8)
     found = {}
     for batch in BATCHES:
-        found[f"batch {batch}"] = profiled(lambda: generate([short] * batch, PROFILED_STEPS), 1, PROFILED_STEPS, batch)
+        found[f"batch {batch}"] = profiled(lambda: generate([short] * batch, DECODE_STEPS), 1, DECODE_STEPS, batch, batch)
     # one output token: the run is the prompt's prefill (vLLM's budget takes it in one step) and a sample
-    found[f"prefill {long_tokens}"] = profiled(lambda: generate([long], 1), PREFILL_REPEATS, 1, long_tokens)
+    found[f"prefill {long_tokens}"] = profiled(lambda: generate([long], 1), PREFILL_REPEATS, 1, long_tokens, 1)
     for name, phase in found.items():
         print(f"\n{name}: {phase['step_ms']} ms a step ({phase['profiled_step_ms']:.2f} profiled); linear layers "
               f"{phase['linear_ms']:.2f} ms ({phase['linear_gb_s']} GB/s, {phase['linear_gflop_s']} GFLOP/s)")

@@ -192,6 +192,7 @@ def test_what_a_decode_step_reads_and_where_it_is_bound(smol: sources.Model) -> 
     found = roofline.traffic(folder)
     assert found.weights_bytes == sum(sizes.values()) + sizes[embed] // tensors[embed]["shape"][0]
     assert found.kv_bytes_per_position == 2 * 30 * 3 * 64 * 2  # K and V, 30 layers, 3 KV heads of 64, bf16
+    assert found.head_macs == 49152 * 576 and found.macs_bf16 > found.head_macs  # the embeddings, as the lm_head
     rates = roofline.Rates(read_gb_s=20.0, bf16_gflop_s=800.0)
     one, limit_one = roofline.bound_tokens_per_s(found, rates, batch=1, context=0)
     assert limit_one == "memory" and one == pytest.approx(20e9 / found.weights_bytes)

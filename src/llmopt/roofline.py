@@ -30,6 +30,7 @@ class Traffic:
     kv_bytes_per_position: int  # K and V of one position, every layer, bf16
     macs_int8: int  # multiply-adds per token on int8 operands
     macs_bf16: int  # on bf16 operands (int4 weights are dequantized to bf16)
+    head_macs: int = 0  # the lm_head's share of those: a prefill computes it for its last position only
 
 
 @dataclass(frozen=True)
@@ -126,15 +127,18 @@ def traffic(folder: Path) -> Traffic:
     config = json.loads((folder / "config.json").read_text())
     found = tensors(folder)
     tied = not any("lm_head" in name for name in found)  # no lm_head of its own: the embeddings serve as one
-    streamed, macs_int8, macs_bf16 = 0, 0, 0
+    streamed, macs_int8, macs_bf16, head_macs = 0, 0, 0, 0
     for name, info in found.items():
         size = info["data_offsets"][1] - info["data_offsets"][0]
         if "embed_tokens" in name:
             streamed += size // info["shape"][0]  # one row per token
             if tied:
                 streamed += size  # the lm_head is the embedding matrix, read in full
-                macs_bf16 += info["shape"][0] * info["shape"][1]
+                head_macs = info["shape"][0] * info["shape"][1]
+                macs_bf16 += head_macs
             continue
+        if name == "lm_head.weight":
+            head_macs = info["shape"][0] * info["shape"][1]
         streamed += size
         if name.endswith("weight") and len(info["shape"]) == 2 and "norm" not in name:
             if info["dtype"] == "I8":
@@ -146,7 +150,8 @@ def traffic(folder: Path) -> Traffic:
     layers, heads = config.get("num_hidden_layers", 0), config.get("num_attention_heads", 0)
     head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads if heads else 0)
     kv = 2 * layers * (config.get("num_key_value_heads") or heads) * head_dim * 2  # 0 where the config does not say
-    return Traffic(weights_bytes=streamed, kv_bytes_per_position=kv, macs_int8=macs_int8, macs_bf16=macs_bf16)
+    return Traffic(weights_bytes=streamed, kv_bytes_per_position=kv, macs_int8=macs_int8, macs_bf16=macs_bf16,
+                   head_macs=head_macs)
 
 
 @dataclass(frozen=True)
