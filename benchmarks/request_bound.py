@@ -26,11 +26,10 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import transformers
-
 from llmopt import roofline, sources
 from llmopt.engine import platform
 from llmopt.evaluation.levels import Plan
+from llmopt.evaluation.tokens import TokenCounter
 
 RESULTS = Path(__file__).parent / "results"
 BLOCK = 128  # vLLM's CPU KV-cache block: the prefix cache matches whole blocks
@@ -112,9 +111,8 @@ def main(model: str) -> None:
     first, count = plan.first_request() or 0, plan.requests_at(max(plan.concurrency)) or 0
     asked = plan.workload(None).requests[first:first + count]
     lengths = {int(k): v for k, v in rec["lengths"].items()}
-    tokenizer = transformers.AutoTokenizer.from_pretrained(sources.resolve(model).path)
-    prompts = [tokenizer(tokenizer.apply_chat_template(list(r.messages), tokenize=False, add_generation_prompt=True),
-                         add_special_tokens=False).input_ids for r in asked]
+    counter = TokenCounter.from_path(sources.resolve(model).path)
+    prompts = [counter.prompt_ids(r.messages) for r in asked]
     outputs = [lengths[first + i] for i in range(len(asked))]
     rows = {(r["candidate"], r["concurrency"]): r for r in rec["rows"]}
     bf16_c1, bf16_c8 = rows[("bf16", 1)], rows[("bf16", 8)]

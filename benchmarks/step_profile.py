@@ -39,6 +39,7 @@ def main(model: str, kernels: str | None, out: Path) -> None:
 
     from llmopt.engine import serve
     from llmopt.evaluation import workload
+    from llmopt.evaluation.tokens import TokenCounter
 
     serve.linear_kernels_from_environment()
     folder = Path(model) if Path(model).is_dir() else Path(sources.resolve(model).path)
@@ -49,7 +50,7 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     # the built-in QA workload's first request, as the chat template renders it: a real prefill
     asked = list(workload.builtin_qa(0, 1).requests[0].messages)
     long = llm.get_tokenizer().apply_chat_template(asked, tokenize=False, add_generation_prompt=True)
-    long_tokens = len(llm.get_tokenizer()(long, add_special_tokens=False).input_ids)
+    long_tokens = TokenCounter(llm.get_tokenizer()).prompt_tokens(asked)
 
     def generate(prompts: list[str], tokens: int) -> None:
         params = SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=0)

@@ -21,11 +21,15 @@ class TokenCounter:
         except Exception as exc:
             raise LlmoptError(f"cannot load a tokenizer from '{path}' ({type(exc).__name__})", "pass --tokenizer with the model's folder") from exc
 
+    def prompt_ids(self, messages: tuple[dict[str, str], ...] | list[dict[str, str]]) -> list[int]:
+        """The tokens the server sees for a chat request, chat template applied."""
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
     def prompt_tokens(self, messages: tuple[dict[str, str], ...] | list[dict[str, str]]) -> int | None:
-        """Tokens the server sees for a chat request (chat template applied); None if it fails."""
+        """How many of them; None if the template or the tokenizer fails."""
         try:
-            text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-            return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+            return len(self.prompt_ids(messages))
         except Exception:
             return None
 
