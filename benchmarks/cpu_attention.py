@@ -3,8 +3,9 @@ size 64, bf16 cache): seven decodes over 800-token contexts, one prompt's prefil
 call as a mixed step carries them, on one and on two OpenMP threads. Whether a mixed step costs
 more than its parts (the kernel's scheduler splits work between threads by KV length, not by
 query count), and at what rate a prefill's attention runs against the machine's fp32 and bf16
-matmul rates; beside it, torch's own `scaled_dot_product_attention` on the same prefill (bf16,
-causal, grouped heads), the other kernel at hand.
+matmul rates; beside it, llmopt's prefill attention kernel (`engine/prefill_attention.cpp`, on
+processors without AMX) on the same prefill and mixed calls, and torch's own
+`scaled_dot_product_attention` on the same prefill (bf16, causal, grouped heads).
 
     .venv/bin/python benchmarks/cpu_attention.py
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 import vllm._custom_ops as ops
 
-from llmopt.engine import platform
+from llmopt.engine import kernels, platform
 
 RESULTS = Path(__file__).parent / "results" / "cpu_attention.json"
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 128
@@ -28,7 +29,7 @@ LAYERS, ROUNDS, CALLS = 30, 3, 40
 
 
 def attention_call(requests: list[tuple[int, int]], key_cache: torch.Tensor, value_cache: torch.Tensor,
-                   isa: str) -> Callable[[], None]:
+                   isa: str, kernel: Callable[..., None]) -> Callable[[], None]:
     """One attention call over `requests`, each (query tokens, sequence length), causal."""
     starts = [0]
     for queries, _ in requests:
@@ -45,8 +46,8 @@ def attention_call(requests: list[tuple[int, int]], key_cache: torch.Tensor, val
     out = torch.empty_like(query)
     plan = ops.cpu_attn_get_scheduler_metadata(len(requests), HEADS, KV_HEADS, HEAD_DIM, seq_lens, torch.bfloat16,
                                                query_start, True, -1, isa, True)
-    return lambda: ops.cpu_attention_with_kv_cache(query, key_cache, value_cache, out, query_start, seq_lens,
-                                                   HEAD_DIM ** -0.5, True, None, -1, table, 0.0, plan, None)
+    return lambda: kernel(query, key_cache, value_cache, out, query_start, seq_lens, HEAD_DIM ** -0.5, True, None, -1,
+                          table, 0.0, plan, None, None, 1.0, 1.0, "auto")
 
 
 def milliseconds(call: Callable[[], None]) -> float:
@@ -73,6 +74,10 @@ def prefill_flops(tokens: int) -> float:
 def main() -> None:
     torch.manual_seed(0)
     isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
+    hw = platform.detect()
+    ours = platform.llmopt_kernels_apply(hw)
+    if ours:
+        kernels.load(kernels.build())
     cache = torch.randn(-(-DECODES * CONTEXT // BLOCK) + 16, KV_HEADS, BLOCK * 2, HEAD_DIM, dtype=torch.bfloat16)
     key_cache, value_cache = cache.chunk(2, dim=2)
     decodes = [(1, CONTEXT)] * DECODES
@@ -81,7 +86,11 @@ def main() -> None:
         torch.set_num_threads(threads)
         for prompt in PROMPTS:
             cases = {"decodes": decodes, "prefill": [(prompt, prompt)], "mixed": decodes + [(prompt, prompt)]}
-            calls = {name: attention_call(reqs, key_cache, value_cache, isa) for name, reqs in cases.items()}
+            calls = {name: attention_call(reqs, key_cache, value_cache, isa, torch.ops._C.cpu_attention_with_kv_cache)
+                     for name, reqs in cases.items()}
+            if ours:
+                calls |= {f"llmopt {name}": attention_call(cases[name], key_cache, value_cache, isa,
+                                                           torch.ops.llmopt.prefill_attention) for name in ("prefill", "mixed")}
             calls["sdpa"] = sdpa_call(prompt)
             runs = {name: sorted(milliseconds(call) for _ in range(ROUNDS)) for name, call in calls.items()}
             ms = {name: times[ROUNDS // 2] for name, times in runs.items()}
@@ -90,15 +99,19 @@ def main() -> None:
                          "mixed_over_parts": round(ms["mixed"] / (ms["decodes"] + ms["prefill"]), 3),
                          "prefill_gflops": round(prefill_flops(prompt) / ms["prefill"] / 1e6, 1),
                          "prefill_ms_all_layers": round(ms["prefill"] * LAYERS, 1),
-                         "sdpa_prefill_ms": round(ms["sdpa"], 3), "sdpa_gflops": round(prefill_flops(prompt) / ms["sdpa"] / 1e6, 1)})
+                         "sdpa_prefill_ms": round(ms["sdpa"], 3), "sdpa_gflops": round(prefill_flops(prompt) / ms["sdpa"] / 1e6, 1)}
+                        | ({"llmopt_prefill_ms": round(ms["llmopt prefill"], 3),
+                            "llmopt_prefill_gflops": round(prefill_flops(prompt) / ms["llmopt prefill"] / 1e6, 1),
+                            "llmopt_mixed_ms": round(ms["llmopt mixed"], 3)} if ours else {}))
     print(f"{'threads':>7} {'prompt':>6} {'decodes ms':>10} {'prefill ms':>10} {'mixed ms':>9} {'mixed/parts':>11} "
-          f"{'prefill GFLOP/s':>15} {'prefill, 30 layers':>18} {'torch SDPA ms':>13} {'GFLOP/s':>8}")
+          f"{'prefill GFLOP/s':>15} {'prefill, 30 layers':>18} {'torch SDPA ms':>13} {'GFLOP/s':>8} {'llmopt prefill':>14} "
+          f"{'GFLOP/s':>8} {'llmopt mixed':>12}")
     for row in rows:
         print(f"{row['threads']:>7} {row['prompt']:>6} {row['decodes_ms']:>10} {row['prefill_ms']:>10} "
               f"{row['mixed_ms']:>9} {row['mixed_over_parts']:>11} {row['prefill_gflops']:>15} "
-              f"{row['prefill_ms_all_layers']:>15} ms {row['sdpa_prefill_ms']:>13} {row['sdpa_gflops']:>8}")
-    hardware = platform.detect()
-    RESULTS.write_text(json.dumps({"processor": hardware.cpu_label, "cores": hardware.cores, "isa": isa,
+              f"{row['prefill_ms_all_layers']:>15} ms {row['sdpa_prefill_ms']:>13} {row['sdpa_gflops']:>8} "
+              f"{row.get('llmopt_prefill_ms', '-'):>14} {row.get('llmopt_prefill_gflops', '-'):>8} {row.get('llmopt_mixed_ms', '-'):>12}")
+    RESULTS.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "isa": isa,
                                    "shapes": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block": BLOCK,
                                               "decodes": DECODES, "context": CONTEXT},
                                    "median_of": ROUNDS, "rows": rows}, indent=1) + "\n")

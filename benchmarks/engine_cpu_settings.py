@@ -37,7 +37,7 @@ import psutil
 import llmopt
 from decode_profile import server_pids
 from llmopt import EngineConfig
-from llmopt.engine import small_batch_linear, vllm
+from llmopt.engine import kernels, vllm
 from llmopt.engine.platform import SPAWNED_CORE_ENV
 
 LLMOPT = EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni")  # packed linear kernels where chosen
@@ -45,14 +45,15 @@ CORES = sorted(os.sched_getaffinity(0))
 # what vLLM's OMP process manager sets for its CPU worker (vllm/utils/ompmultiprocessing.py)
 PINNED = {"KMP_AFFINITY": f"granularity=fine,explicit,proclist=[{','.join(map(str, CORES))}]", "KMP_TPAUSE": "0"}
 ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None]] = {  # label -> settings, environment, what to do once ready
-    "vllm default (1 reserved, no preload)": (EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp", linear_kernels="vllm"), {}, None),
-    "0 reserved, no preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp", linear_kernels="vllm"), {}, None),
-    "0 reserved, preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp", linear_kernels="vllm"), {}, None),
+    "vllm default (1 reserved, no preload)": (EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp", linear_kernels="vllm", attention_kernel="vllm"), {}, None),
+    "0 reserved, no preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp", linear_kernels="vllm", attention_kernel="vllm"), {}, None),
+    "0 reserved, preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp", linear_kernels="vllm", attention_kernel="vllm"), {}, None),
     "llmopt (0 reserved, preload, no worker)": (LLMOPT, {}, None),
     # vLLM's choice of linear kernels (oneDNN on AVX-512 without AMX) instead of its packed-weight ones
     "llmopt, vLLM's linear kernels": (LLMOPT.model_copy(update={"linear_kernels": "vllm"}), {}, None),
     # vLLM's packed-weight kernels alone, without llmopt's small-batch kernel for 1 to 64 rows
     "llmopt, vLLM's packed kernels alone": (LLMOPT.model_copy(update={"linear_kernels": "packed"}), {}, None),
+    "llmopt, vLLM's attention": (LLMOPT.model_copy(update={"attention_kernel": "vllm"}), {}, None),
     # one OpenMP thread: the model's threads no longer wait at each parallel loop's barrier for a
     # thread the front end has taken the other core from
     "one model thread (1 reserved, preload, no worker)": (LLMOPT.model_copy(update={"reserved_cpus": 1}), {}, None),
@@ -157,7 +158,7 @@ def main() -> None:
                                                          "kernel library at PATH (another build of it, kept before a change)")
     args = parser.parse_args()
     if args.kernel:
-        ROWS[OTHER_KERNEL] = (LLMOPT, {small_batch_linear.LIBRARY_ENV: str(Path(args.kernel).resolve())}, None)
+        ROWS[OTHER_KERNEL] = (LLMOPT, {kernels.LIBRARY_ENV: str(Path(args.kernel).resolve())}, None)
     labels = args.rows or list(ROWS)
     rows = [deploy_and_measure(label, *ROWS[label], model=args.model) for _ in range(args.repeat) for label in labels]
     base = rows[0]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from llmopt.engine import platform, small_batch_linear, vllm
+from llmopt.engine import kernels, platform, small_batch_linear, vllm
 from llmopt.engine.config import EngineConfig
 
 SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576), "down_proj": (576, 1536),
@@ -58,7 +58,7 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _linear(op: Callable[..., None], x: torch.Tensor, packed: torch.Tensor, n: int, *flags: bool) -> torch.Tensor:
     """A packed-weight op called directly, not through vLLM's Python wrapper, which
-    `small_batch_linear.load` points at llmopt's kernel: vLLM's `_C::weight_packed_linear` (its
+    `small_batch_linear.use` points at llmopt's kernel: vLLM's `_C::weight_packed_linear` (its
     last flag: the weights are packed) or `llmopt::small_batch_linear`."""
     out = torch.empty((x.shape[0], n), dtype=x.dtype)
     op(out, x, packed, None, *flags)
@@ -157,7 +157,7 @@ def main() -> None:
     if any(os.environ.get(name) != value for name, value in engine_env.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], os.environ | engine_env)
     print(f"{hw.cpu_label}, {torch.get_num_threads()} threads, flags {' '.join(hw.cpu_flags)}")
-    small_batch_linear.load(small_batch_linear.build())
+    small_batch_linear.use(kernels.build())
     if "--zentorch" in sys.argv[1:]:
         (Path(__file__).parent / "results" / "linear_kernels_zentorch.json").write_text(json.dumps(
             {"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,

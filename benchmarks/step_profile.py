@@ -1,7 +1,8 @@
 """Where a decode step's time goes inside the engine, by operator: torch's profiler over decode
 steps of SmolLM2-135M in vLLM's offline API (`LLM.generate`, no HTTP front end), in the engine
-environment llmopt chooses here (its OpenMP threads, preloads and linear kernels), at batch 1 and 8,
-and one prefill of the built-in QA workload's first prompt (884 tokens in SmolLM2's template).
+environment llmopt chooses here (its OpenMP threads, preloads, linear kernels and attention
+kernel), at batch 1 and 8, and one prefill of the built-in QA workload's first prompt (884 tokens
+in SmolLM2's template).
 
 Also times plain steps without the profiler (best of three generate calls of 128 tokens) and,
 for the linear layers, the weight bytes they stream per second and the multiply-adds they do per
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 from llmopt import EngineConfig, roofline, sources
-from llmopt.engine import platform, small_batch_linear, vllm
+from llmopt.engine import kernels, platform, prefill_attention, small_batch_linear, vllm
 
 MODEL = "smollm2-135m-instruct"
 BATCHES = (1, 8)
@@ -41,7 +42,7 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     from llmopt.evaluation import workload
     from llmopt.evaluation.tokens import TokenCounter
 
-    serve.linear_kernels_from_environment()
+    serve.kernels_from_environment()
     folder = Path(model) if Path(model).is_dir() else Path(sources.resolve(model).path)
     traffic = roofline.traffic(folder)
     # no prefix caching: the prefill profile sends one prompt again and again
@@ -106,7 +107,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     chosen = args.kernels
     engine_env = vllm.environment(EngineConfig(max_model_len=2048, linear_kernels=chosen), platform.detect())
-    unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.LIBRARY_ENV) if name not in engine_env]
+    unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV) if name not in engine_env]
     if any(os.environ.get(name) != value for name, value in engine_env.items()) or any(n in os.environ for n in unset):
         clean = {k: v for k, v in os.environ.items() if k not in unset}
         # compiled code of its own for each choice: the kernels are ops in the graph, and vLLM's key for

@@ -16,7 +16,7 @@ import pytest
 
 import llmopt
 from llmopt import client, endpoints, procs
-from llmopt.engine import platform, small_batch_linear, vllm
+from llmopt.engine import kernels, platform, prefill_attention, small_batch_linear, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -127,7 +127,8 @@ def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, e
 @pytest.mark.engine
 def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> None:
     """Without AMX, vLLM's packed-weight kernels (the engine's log says so), with llmopt's small-batch
-    kernel where it is built (loaded in the engine core, where the model runs); with AMX, vLLM's choice."""
+    kernel and prefill attention where they are built (loaded in the engine core, where the model
+    runs); with AMX, vLLM's choice."""
     hw = platform.detect()
     chosen = vllm.linear_kernels(EngineConfig(), hw)
     packed = chosen in ("packed", "llmopt")
@@ -140,9 +141,11 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     assert len(cores) == 1, cores
     core = cores[0]
     mapped = {Path(m.path).name for m in core.memory_maps(grouped=False)}
-    assert (small_batch_linear.library_path().name in mapped) == (chosen == "llmopt"), chosen
-    said = [line for line in log if "small-batch bf16 linear kernel" in line]
-    assert len(said) == (chosen == "llmopt") and all(line.startswith("(EngineCore") for line in said), said
+    attention = vllm.attention_kernel(EngineConfig(), hw)
+    assert (kernels.library_path().name in mapped) == ("llmopt" in (chosen, attention)), (chosen, attention)
+    for line, used in (("small-batch bf16 linear kernel", chosen == "llmopt"), ("bf16 prefill attention kernel", attention == "llmopt")):
+        said = [entry for entry in log if line in entry]
+        assert len(said) == used and all(entry.startswith("(EngineCore") for entry in said), said
 
 
 @pytest.mark.engine
@@ -187,27 +190,41 @@ AVX512 = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512f")
     ((*AVX512, "amx_bf16", "amx_int8", "amx_tile"), EngineConfig(), True, "vllm"),
     (AVX512, EngineConfig(linear_kernels="vllm"), True, "vllm"),
     (AVX512, EngineConfig(linear_kernels="packed"), True, "packed"),
+    (AVX512, EngineConfig(linear_kernels="vllm", attention_kernel="vllm"), True, "vllm"),
+    (AVX512, EngineConfig(attention_kernel="vllm"), True, "llmopt"),
+    (AVX512, EngineConfig(linear_kernels="packed", attention_kernel="llmopt"), False, "packed"),
     ((*AVX512, "amx_tile"), EngineConfig(linear_kernels="packed"), False, "packed"),
     (("avx2",), EngineConfig(), True, "vllm"),
 ])
 def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], engine: EngineConfig, built: bool,
                                                       expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(small_batch_linear, "built", lambda: built)
-    monkeypatch.setattr(small_batch_linear, "build", lambda: Path("/built/kernel.so"))
+    monkeypatch.setattr(kernels, "built", lambda: built)
+    monkeypatch.setattr(kernels, "build", lambda: Path("/built/kernel.so"))
     hw = platform.Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=flags, gpu=None)
     assert vllm.linear_kernels(engine, hw) == expected
     env = vllm.environment(engine, hw)
     assert (platform.PACKED_LINEAR_ENV in env) == (expected in ("packed", "llmopt"))
-    assert (small_batch_linear.LIBRARY_ENV in env) == (expected == "llmopt")
-    image = vllm.image_environment(engine, hw)  # vLLM's own image has neither
-    assert platform.PACKED_LINEAR_ENV not in image and small_batch_linear.LIBRARY_ENV not in image
+    assert (env.get(small_batch_linear.ENV) == "1") == (expected == "llmopt")
+    attention = vllm.attention_kernel(engine, hw)
+    assert attention == (engine.attention_kernel or ("llmopt" if built and platform.llmopt_kernels_apply(hw) else "vllm"))
+    assert (env.get(prefill_attention.ENV) == "1") == (attention == "llmopt")
+    assert (kernels.LIBRARY_ENV in env) == ("llmopt" in (expected, attention))
+    image = vllm.image_environment(engine, hw)  # vLLM's own image has none of them
+    assert not {platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV} & set(image)
 
 
-@pytest.mark.parametrize("kernels", ["packed", "llmopt"])
-def test_packed_linear_kernels_where_they_cannot_run_are_refused(kernels: str) -> None:
+@pytest.mark.parametrize("choice", ["packed", "llmopt"])
+def test_packed_linear_kernels_where_they_cannot_run_are_refused(choice: str) -> None:
     hw = platform.Hardware(device="cpu", cpu_model="Old Xeon", cores=2, memory_gib=24, cpu_flags=("avx2",), gpu=None)
-    with pytest.raises(LlmoptError, match=f"'{kernels}' needs AVX-512 BF16 and VNNI, which this Old Xeon lacks -- leave linear_kernels unset"):
-        vllm.environment(EngineConfig(linear_kernels=kernels), hw)
+    with pytest.raises(LlmoptError, match=f"'{choice}' needs AVX-512 BF16 and VNNI, which this Old Xeon lacks -- leave linear_kernels unset"):
+        vllm.environment(EngineConfig(linear_kernels=choice), hw)
+
+
+@pytest.mark.parametrize("flags, lacks", [(("avx2",), "lacks AVX-512 BF16"), ((*AVX512, "amx_bf16", "amx_tile"), "has AMX")])
+def test_the_prefill_attention_where_it_cannot_run_is_refused(flags: tuple[str, ...], lacks: str) -> None:
+    hw = platform.Hardware(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, cpu_flags=flags, gpu=None)
+    with pytest.raises(LlmoptError, match=f"attention_kernel 'llmopt' needs AVX-512 BF16 without AMX, and this Xeon {lacks} -- leave attention_kernel unset"):
+        vllm.environment(EngineConfig(linear_kernels="vllm", attention_kernel="llmopt"), hw)
 
 
 def test_the_small_batch_kernel_with_amx_is_refused() -> None:

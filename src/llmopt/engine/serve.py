@@ -41,7 +41,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from llmopt.engine import small_batch_linear
+from llmopt.engine import kernels, prefill_attention, small_batch_linear
 from llmopt.engine.platform import INDUCTOR_KERNELS_ENV, KERNEL_REUSED_LINE, PACKED_LINEAR_ENV, SPAWNED_CORE_ENV
 
 
@@ -68,7 +68,7 @@ def _packed_linear_kernels() -> None:
     def packed(n: int, k: int, dtype: torch.dtype) -> bool:
         if dtype in (torch.bfloat16, torch.int8) and k % 32 == 0 and n % 16 == 0:  # the kernels' tiles
             logger.info_once("llmopt: vLLM's packed-weight linear kernels for bf16 and int8 layers")
-            if dtype == torch.bfloat16 and os.environ.get(small_batch_linear.LIBRARY_ENV):
+            if dtype == torch.bfloat16 and os.environ.get(small_batch_linear.ENV) == "1":
                 logger.info_once("llmopt: its small-batch bf16 linear kernel for up to 64 rows")
             return True
         return chosen(n, k, dtype)
@@ -154,18 +154,24 @@ def _shared_inductor_kernels(folder: str) -> None:
     codecache._worker_compile_cpp = compile_or_copy  # looked up by name when Inductor queues a compile
 
 
-def linear_kernels_from_environment() -> None:
-    """The linear kernels llmopt's environment asks for, in this process: the engine core's (a
-    forked core inherits them) or a benchmark's that runs vLLM's offline API."""
+def kernels_from_environment() -> None:
+    """The kernels llmopt's environment asks for, in this process: the engine core's (a forked core
+    inherits them) or a benchmark's that runs vLLM's offline API."""
+    library = os.environ.get(kernels.LIBRARY_ENV)
     if os.environ.get(PACKED_LINEAR_ENV) == "1":
         _packed_linear_kernels()
-        if os.environ.get(small_batch_linear.LIBRARY_ENV):
-            small_batch_linear.load(os.environ[small_batch_linear.LIBRARY_ENV])
+        if library and os.environ.get(small_batch_linear.ENV) == "1":
+            small_batch_linear.use(library)
+    if library and os.environ.get(prefill_attention.ENV) == "1":
+        from vllm.logger import init_logger
+
+        prefill_attention.use(library)
+        init_logger("vllm.llmopt").info("llmopt: its bf16 prefill attention kernel for steps that carry a prompt")
 
 
 _finalized_as_loaded()
 if __name__ in ("__main__", "__mp_main__"):
-    linear_kernels_from_environment()
+    kernels_from_environment()
     if os.environ.get(INDUCTOR_KERNELS_ENV):
         _shared_inductor_kernels(os.environ[INDUCTOR_KERNELS_ENV])
 

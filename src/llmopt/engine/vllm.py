@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from llmopt import paths, procs
-from llmopt.engine import guard, platform, small_batch_linear
+from llmopt.engine import guard, kernels, platform, prefill_attention, small_batch_linear
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -164,11 +164,15 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
         return {}
     reserved = platform.default_reserved_cpus(hw) if config.reserved_cpus is None else config.reserved_cpus
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": str(reserved)}
-    kernels = linear_kernels(config, hw)
-    if kernels in ("packed", "llmopt"):
+    linear, attention = linear_kernels(config, hw), attention_kernel(config, hw)
+    if linear in ("packed", "llmopt"):
         env[platform.PACKED_LINEAR_ENV] = "1"
-    if kernels == "llmopt":  # built here if it is not yet, so a failed build is said before any engine starts
-        env[small_batch_linear.LIBRARY_ENV] = str(small_batch_linear.build())
+    if linear == "llmopt":
+        env[small_batch_linear.ENV] = "1"
+    if attention == "llmopt":
+        env[prefill_attention.ENV] = "1"
+    if "llmopt" in (linear, attention):  # built here if it is not yet, so a failed build is said before any engine starts
+        env[kernels.LIBRARY_ENV] = str(kernels.build())
     libraries = platform.preload_libraries() if config.preload else []
     if libraries:
         env["LD_PRELOAD"] = ":".join(libraries)
@@ -195,16 +199,25 @@ def linear_kernels(config: EngineConfig, hw: platform.Hardware) -> str:
     if chosen in ("packed", "llmopt") and not platform.packed_linear_supported(hw):
         raise LlmoptError(f"linear_kernels '{chosen}' needs AVX-512 BF16 and VNNI, which this {hw.cpu_model} lacks",
                           "leave linear_kernels unset or set it to 'vllm'")
-    if chosen == "llmopt" and not platform.small_batch_linear_applies(hw):
+    if chosen == "llmopt" and not platform.llmopt_kernels_apply(hw):
         raise LlmoptError(f"linear_kernels 'llmopt' is for processors without AMX, and this {hw.cpu_model} has it",
                           "leave linear_kernels unset or set it to 'packed'")
     return chosen
 
 
+def attention_kernel(config: EngineConfig, hw: platform.Hardware) -> str:
+    """The attention kernel an engine runs with on this machine; llmopt's where it cannot run is refused."""
+    chosen = config.attention_kernel or platform.default_attention_kernel(hw)
+    if chosen == "llmopt" and not platform.llmopt_kernels_apply(hw):
+        raise LlmoptError(f"attention_kernel 'llmopt' needs AVX-512 BF16 without AMX, and this {hw.cpu_model} "
+                          f"{'has AMX' if hw.has_amx else 'lacks AVX-512 BF16'}", "leave attention_kernel unset or set it to 'vllm'")
+    return chosen
+
+
 def plain_environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     """The environment of plain vLLM's server for these settings: as `environment`, without the
-    linear-kernel switches only llmopt's server module reads."""
-    return environment(config.model_copy(update={"linear_kernels": "vllm"}), hw)
+    kernel switches only llmopt's server module reads."""
+    return environment(config.model_copy(update={"linear_kernels": "vllm", "attention_kernel": "vllm"}), hw)
 
 
 def image_environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
@@ -305,7 +318,7 @@ def attention_head_sizes(hw: platform.Hardware) -> list[int] | None:
     return sizes
 
 
-def kernels(log_text: str) -> dict[str, str]:
+def logged_linear_kernels(log_text: str) -> dict[str, str]:
     """The linear kernel vLLM chose per layer type, from its log."""
     return {layer: kernel for kernel, layer in KERNEL_LINE.findall(log_text)}
 

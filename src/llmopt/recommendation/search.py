@@ -62,7 +62,7 @@ class RecommendSpec(BaseModel):
         """What makes two runs the same run: the arguments that say what is measured (the goal, targets
         and budget only rank and choose), and what the measurements depend on besides: the model's
         and the recipe files' contents, the candidates tried, the machine, the engine, the build of
-        its linear kernels and llmopt's release. A saved run is reused for none of those changed (a
+        its kernels and llmopt's release. A saved run is reused for none of those changed (a
         development build that tries another candidate keeps its release's version). `candidates`
         are the recipes `candidates.build` made for these arguments here."""
         measured = {
@@ -71,7 +71,7 @@ class RecommendSpec(BaseModel):
             "recipes": [hashing.file_sha256(Path(r)) if Path(r).is_file() else r for r in self.recipes],
             "candidates": candidates,
             "hardware": hardware.model_dump(mode="json", include={"device", "cpu_model", "cpu_signature", "cores", "cpu_flags", "gpu", "gpu_count"}),
-            "engine": vllm.engine_name_version(), "kernels": platform.linear_kernels_build(hardware),
+            "engine": vllm.engine_name_version(), "kernels": platform.kernels_build(hardware),
             "llmopt": md.version("llmopt"),
         }
         return hashing.json_sha256(measured)[:10]

@@ -54,7 +54,7 @@ def run(ctx: BuildContext) -> None:
             run.server.url, run.running.served_name, base.greedy_tokens, chat=ctx.source.chat_template is not None)
         ctx.progress(0.7)
         measured = Measurements(ready_seconds=run.ready_seconds, start=run.start, perplexity=ppl, greedy_tokens=greedy,
-                                kernels=vllm.kernels(run.log_path.read_text(errors="replace")),
+                                kernels=vllm.logged_linear_kernels(run.log_path.read_text(errors="replace")),
                                 verified={k: v.model_dump(mode="json") for k, v in verified.items()})
     ctx.log.info("measured: ready in %.1f s, perplexity %.3f over %d tokens; verified %s", measured.ready_seconds,
                  ppl.perplexity, ppl.tokens, ", ".join(verified) or "nothing to verify")

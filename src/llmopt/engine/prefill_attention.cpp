@@ -1,0 +1,354 @@
+// llmopt::prefill_attention: causal attention over vLLM's paged bf16 KV cache for steps that carry a
+// prompt, with AVX-512 BF16 dot products, on processors without AMX.
+//
+// Without AMX, vLLM's CPU attention (`_C::cpu_attention_with_kv_cache`, its `vec` path) widens
+// bf16 to fp32 and multiplies at the processor's fp32 rate: on the project's Zen 5 EPYC an
+// 884-token prefill of SmolLM2-135M spends 74-78 ms in attention, a quarter to a third of the
+// prefill, at about 355 GFLOP/s against the 973 its bf16 matmuls reach (benchmarks/README.md,
+// step_profile.py, cpu_attention.py). Here both products run on bf16 pairs (`vdpbf16ps`):
+//   S = Q K^T: query rows share each loaded pair of key dimensions, 32 keys at a time;
+//   softmax in fp32 over the whole causal row (two passes, no running rescale);
+//   O = P V:   P rounded to bf16, as vLLM's AMX path rounds it, sharing each loaded pair of values.
+// Before that, each sequence's keys and values are copied once out of the paged cache into pair
+// order (two key dimensions, or two tokens' values, side by side), shared by every query row
+// and every query head of the KV head. That copy reads the whole context, so steps whose
+// queries are all short (decodes) stay with vLLM's kernel, which reads the cache in place.
+//
+// vLLM's `vec` cache layout, per block and KV head: keys transposed, [head_size][block_size];
+// values as written, [block_size][head_size]. Anything this kernel does not do (sliding windows,
+// ALiBi, soft caps, sinks, an FP8 cache, non-causal or encoder attention, other head sizes) goes
+// to vLLM's kernel with its own arguments.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kKeys = 32;       // keys a score tile covers (two vectors of 16)
+constexpr int64_t kRows = 8;        // query rows sharing each loaded key pair
+constexpr int64_t kMinQuery = 16;   // a step is ours when one of its sequences has this many queries
+
+// 2^x for x in fp32 lanes, x <= 0: x = n + f, |f| <= 0.5, 2^f by its Taylor series to f^6
+// (relative error under 2e-7), scaled by 2^n.
+inline __m512 exp2_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(0.6931471805599453f));
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Two rows of 32 bf16 interleaved lane by lane: the first 16 pairs, then the last 16.
+inline void interleave(__m512i a, __m512i b, __m512i& low, __m512i& high) {
+  static const __m512i kLow = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                                                38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  static const __m512i kHigh = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55,
+                                                23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+  low = _mm512_permutex2var_epi16(a, kLow, b);
+  high = _mm512_permutex2var_epi16(a, kHigh, b);
+}
+
+// One sequence's keys and values for one KV head, in pair order:
+//   keys:   [D/2][padded][2]  (dimensions 2i and 2i+1 of a key side by side, keys along a row)
+//   values: [padded/2][D][2]  (tokens 2t and 2t+1 of a dimension side by side)
+// Values past the sequence are zero (their probabilities are zero; garbage could be NaN).
+template <int D>
+void gather(const at::BFloat16* key_cache, const at::BFloat16* value_cache, int64_t block_stride,
+            const int32_t* blocks, int64_t block_size, int64_t length, int64_t padded, at::BFloat16* keys,
+            at::BFloat16* values) {
+  for (int64_t t0 = 0; t0 < padded; t0 += kKeys) {
+    const int64_t block = blocks[t0 / block_size], offset = t0 % block_size;
+    const at::BFloat16* k = key_cache + block * block_stride + offset;  // [D][block_size]
+    const at::BFloat16* v = value_cache + block * block_stride + offset * D;  // [block_size][D]
+    for (int d = 0; d < D; d += 2) {
+      __m512i low, high;
+      interleave(_mm512_loadu_si512(k + d * block_size), _mm512_loadu_si512(k + (d + 1) * block_size), low, high);
+      at::BFloat16* row = keys + ((d / 2) * padded + t0) * 2;
+      _mm512_storeu_si512(row, low);
+      _mm512_storeu_si512(row + 32, high);
+    }
+    for (int64_t t = 0; t < kKeys; t += 2) {
+      const bool first = t0 + t < length, second = t0 + t + 1 < length;
+      at::BFloat16* row = values + ((t0 + t) / 2) * D * 2;
+      for (int d = 0; d < D; d += 32) {
+        const __m512i a = first ? _mm512_loadu_si512(v + t * D + d) : _mm512_setzero_si512();
+        const __m512i b = second ? _mm512_loadu_si512(v + (t + 1) * D + d) : _mm512_setzero_si512();
+        __m512i low, high;
+        interleave(a, b, low, high);
+        _mm512_storeu_si512(row + d * 2, low);
+        _mm512_storeu_si512(row + d * 2 + 32, high);
+      }
+    }
+  }
+}
+
+// Scores of `n` query rows against keys [0, count), scaled, into `scores` (row stride `padded`).
+template <int D, int N>
+void score_tile(const at::BFloat16* query, int64_t query_stride, const at::BFloat16* keys, int64_t padded,
+                int64_t count, float scale, float* scores) {
+  const float* q = reinterpret_cast<const float*>(query);  // a pair of bf16 as one 32-bit word
+  const int64_t q_pairs = query_stride / 2;
+  for (int64_t t0 = 0; t0 < count; t0 += kKeys) {
+    __m512 acc[N][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < N; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int p = 0; p < D / 2; ++p) {
+      const at::BFloat16* line = keys + (p * padded + t0) * 2;
+      const __m512bh k0 = (__m512bh)_mm512_loadu_si512(line), k1 = (__m512bh)_mm512_loadu_si512(line + 32);
+#pragma GCC unroll 8
+      for (int r = 0; r < N; ++r) {
+        const __m512bh x = (__m512bh)_mm512_set1_ps(q[r * q_pairs + p]);
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, k0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, k1);
+      }
+    }
+    const __m512 s = _mm512_set1_ps(scale);
+#pragma GCC unroll 8
+    for (int r = 0; r < N; ++r) {
+      _mm512_storeu_ps(scores + r * padded + t0, _mm512_mul_ps(acc[r][0], s));
+      _mm512_storeu_ps(scores + r * padded + t0 + 16, _mm512_mul_ps(acc[r][1], s));
+    }
+  }
+}
+
+// Row softmax over keys [0, visible), in place as probabilities rounded to bf16 (`probs`, zero up
+// to `count` rounded up to a pair); returns the fp32 sum the output is divided by.
+inline float softmax_row(float* scores, int64_t visible, int64_t count, at::BFloat16* probs) {
+  const int64_t padded = (count + 31) / 32 * 32;
+  __m512 peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < visible; t += 16) {
+    const __mmask16 live = visible - t >= 16 ? 0xFFFF : (__mmask16)((1u << (visible - t)) - 1);
+    peak = _mm512_max_ps(peak, _mm512_mask_loadu_ps(peak, live, scores + t));
+  }
+  const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(peak) * 1.4426950408889634f);
+  const __m512 log2e = _mm512_set1_ps(1.4426950408889634f);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < padded; t += 16) {
+    const __mmask16 live =
+        visible - t >= 16 ? 0xFFFF : (visible <= t ? 0 : (__mmask16)((1u << (visible - t)) - 1));
+    __m512 e = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(scores + t), log2e, shift));
+    e = _mm512_maskz_mov_ps(live, e);
+    sum = _mm512_add_ps(sum, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(probs + t), (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+// Outputs of `n` rows: probabilities (row stride `padded`) times values over `count` keys.
+template <int D, int N>
+void value_tile(const at::BFloat16* probs, int64_t padded, const at::BFloat16* values, int64_t count,
+                const float* sums, at::BFloat16* out, int64_t out_stride) {
+  constexpr int V = D / 16;
+  __m512 acc[N][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < N; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
+  const float* p = reinterpret_cast<const float*>(probs);
+  const int64_t p_pairs = padded / 2;
+  for (int64_t t = 0; t < (count + 1) / 2; ++t) {
+    __m512bh v[V];
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) v[j] = (__m512bh)_mm512_loadu_si512(values + (t * D + j * 16) * 2);
+#pragma GCC unroll 8
+    for (int r = 0; r < N; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_ps(p[r * p_pairs + t]);
+#pragma GCC unroll 8
+      for (int j = 0; j < V; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], x, v[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < N; ++r) {
+    const __m512 inverse = _mm512_set1_ps(1.0f / sums[r]);
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_stride + j * 16),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[r][j], inverse)));
+  }
+}
+
+template <int D, int N>
+void rows_tile(const at::BFloat16* query, int64_t query_stride, const at::BFloat16* keys, const at::BFloat16* values,
+               int64_t padded, int64_t first_position, float scale, float* scores, at::BFloat16* probs,
+               at::BFloat16* out, int64_t out_stride) {
+  const int64_t count = first_position + N;  // keys the last row sees
+  score_tile<D, N>(query, query_stride, keys, padded, count, scale, scores);
+  float sums[N];
+  for (int r = 0; r < N; ++r) sums[r] = softmax_row(scores + r * padded, first_position + r + 1, count, probs + r * padded);
+  constexpr int kValueRows = D <= 64 ? 4 : 2;  // accumulators for the whole head in registers
+  for (int r = 0; r < N; r += kValueRows) {
+    constexpr int M = N < kValueRows ? N : kValueRows;
+    if (N - r >= M) {
+      value_tile<D, M>(probs + r * padded, padded, values, count, sums + r, out + r * out_stride, out_stride);
+    } else {
+      for (int i = r; i < N; ++i)
+        value_tile<D, 1>(probs + i * padded, padded, values, count, sums + i, out + i * out_stride, out_stride);
+    }
+  }
+}
+
+template <int D>
+void query_tile(int64_t n, const at::BFloat16* query, int64_t query_stride, const at::BFloat16* keys,
+                const at::BFloat16* values, int64_t padded, int64_t first_position, float scale, float* scores,
+                at::BFloat16* probs, at::BFloat16* out, int64_t out_stride) {
+#define LLMOPT_ROWS(N) \
+  return rows_tile<D, N>(query, query_stride, keys, values, padded, first_position, scale, scores, probs, out, out_stride)
+  switch (n) {
+    case 1: LLMOPT_ROWS(1);
+    case 2: LLMOPT_ROWS(2);
+    case 3: LLMOPT_ROWS(3);
+    case 4: LLMOPT_ROWS(4);
+    case 5: LLMOPT_ROWS(5);
+    case 6: LLMOPT_ROWS(6);
+    case 7: LLMOPT_ROWS(7);
+    default: LLMOPT_ROWS(8);
+  }
+#undef LLMOPT_ROWS
+}
+
+template <int D>
+void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+            const int32_t* starts, const int32_t* lengths, int64_t sequences, float scale, const at::Tensor& block_table) {
+  const int64_t heads = query.size(1), kv_heads = key_cache.size(1), block_size = key_cache.size(2);
+  const int64_t group = heads / kv_heads;
+  // Scratch: every sequence's keys and values in pair order, per KV head.
+  std::vector<int64_t> padded(sequences), offset(sequences + 1, 0);
+  int64_t widest = 0;
+  for (int64_t s = 0; s < sequences; ++s) {
+    padded[s] = (lengths[s] + kKeys - 1) / kKeys * kKeys;
+    offset[s + 1] = offset[s] + kv_heads * padded[s] * D * 2;  // keys and values
+    widest = std::max(widest, padded[s]);
+  }
+  at::Tensor scratch = at::empty({offset[sequences]}, query.options());
+  at::BFloat16* pairs = scratch.data_ptr<at::BFloat16>();
+  const at::BFloat16* keys_in = key_cache.data_ptr<at::BFloat16>();
+  const at::BFloat16* values_in = value_cache.data_ptr<at::BFloat16>();
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  const int64_t table_stride = block_table.stride(0);
+  at::parallel_for(0, sequences * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t s = item / kv_heads, g = item % kv_heads;
+      at::BFloat16* keys = pairs + offset[s] + g * padded[s] * D * 2;
+      gather<D>(keys_in + g * key_cache.stride(1), values_in + g * value_cache.stride(1), key_cache.stride(0),
+                table + s * table_stride, block_size, lengths[s], padded[s], keys, keys + padded[s] * D);
+    }
+  });
+  // Work: tiles of up to kRows queries of one head, handed round robin so that every thread gets
+  // early (short) and late (long) rows of the causal triangle alike.
+  struct Tile { int64_t sequence, head, first; };
+  std::vector<Tile> tiles;
+  for (int64_t s = 0; s < sequences; ++s)
+    for (int64_t first = starts[s]; first < starts[s + 1]; first += kRows)
+      for (int64_t h = 0; h < heads; ++h) tiles.push_back({s, h, first});
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size()));
+  const at::BFloat16* q = query.data_ptr<at::BFloat16>();
+  at::BFloat16* o = output.data_ptr<at::BFloat16>();
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(kRows * widest);
+    std::vector<at::BFloat16> probs(kRows * widest);
+    for (int64_t thread = begin; thread < end; ++thread) {
+      for (size_t i = thread; i < tiles.size(); i += threads) {
+        const Tile& tile = tiles[i];
+        const int64_t s = tile.sequence, g = tile.head / group;
+        const int64_t n = std::min<int64_t>(kRows, starts[s + 1] - tile.first);
+        const int64_t position = lengths[s] - (starts[s + 1] - starts[s]) + (tile.first - starts[s]);
+        const at::BFloat16* keys = pairs + offset[s] + g * padded[s] * D * 2;
+        query_tile<D>(n, q + tile.first * query.stride(0) + tile.head * query.stride(1), query.stride(0), keys,
+                      keys + padded[s] * D, padded[s], position, scale, scores.data(), probs.data(),
+                      o + tile.first * output.stride(0) + tile.head * output.stride(1), output.stride(0));
+      }
+    }
+  });
+}
+
+void vllm_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                    at::Tensor& output, const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                    bool causal, const std::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
+                    const at::Tensor& block_table, double softcap, const at::Tensor& scheduler_metadata,
+                    const std::optional<at::Tensor>& s_aux, const std::optional<at::Tensor>& dynamic_causal,
+                    double k_scale, double v_scale, const std::string& kv_cache_dtype) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("_C::cpu_attention_with_kv_cache", "")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, const at::Tensor&,
+                      const at::Tensor&, double, bool, const std::optional<at::Tensor>&, int64_t, const at::Tensor&,
+                      double, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                      double, double, const std::string&)>();
+  op.call(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal, alibi_slopes,
+          sliding_window, block_table, softcap, scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale,
+          kv_cache_dtype);
+}
+
+bool bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+
+void prefill_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                       at::Tensor& output, const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                       bool causal, const std::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
+                       const at::Tensor& block_table, double softcap, const at::Tensor& scheduler_metadata,
+                       const std::optional<at::Tensor>& s_aux, const std::optional<at::Tensor>& dynamic_causal,
+                       double k_scale, double v_scale, const std::string& kv_cache_dtype) {
+  const int64_t head_size = query.dim() == 3 ? query.size(2) : 0;
+  bool ours = causal && !alibi_slopes.has_value() && sliding_window < 0 && softcap == 0.0 && !s_aux.has_value() &&
+              !dynamic_causal.has_value() && kv_cache_dtype == "auto" && (head_size == 64 || head_size == 128) &&
+              bf16(query) && bf16(key_cache) && bf16(value_cache) && bf16(output) && key_cache.dim() == 4 &&
+              value_cache.dim() == 4 && key_cache.size(2) % kKeys == 0 && key_cache.size(3) == head_size &&
+              key_cache.stride(3) == 1 && key_cache.stride(2) == head_size && value_cache.stride(3) == 1 &&
+              value_cache.stride(2) == head_size && key_cache.stride(0) == value_cache.stride(0) &&
+              key_cache.stride(1) == value_cache.stride(1) && query.stride(2) == 1 && query.stride(1) == head_size &&
+              query.stride(0) % 2 == 0 && output.dim() == 3 && output.stride(2) == 1 &&
+              output.size(0) == query.size(0) && output.size(1) == query.size(1) &&
+              query.size(1) % key_cache.size(1) == 0 && query_start_loc.scalar_type() == at::kInt &&
+              seq_lens.scalar_type() == at::kInt && block_table.scalar_type() == at::kInt &&
+              query_start_loc.is_contiguous() && seq_lens.is_contiguous() && block_table.stride(1) == 1 &&
+              query_start_loc.numel() == seq_lens.numel() + 1;
+  const int32_t* starts = ours ? query_start_loc.data_ptr<int32_t>() : nullptr;
+  const int32_t* lengths = ours ? seq_lens.data_ptr<int32_t>() : nullptr;
+  const int64_t sequences = ours ? seq_lens.numel() : 0;
+  bool long_query = false;
+  for (int64_t s = 0; s < sequences; ++s) {
+    const int64_t queries = starts[s + 1] - starts[s];
+    ours = ours && queries >= 0 && queries <= lengths[s] &&
+           (lengths[s] + kKeys - 1) / kKeys * kKeys <= block_table.size(1) * key_cache.size(2);
+    long_query = long_query || queries >= kMinQuery;
+  }
+  if (!ours || !long_query) {
+    return vllm_attention(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal,
+                          alibi_slopes, sliding_window, block_table, softcap, scheduler_metadata, s_aux,
+                          dynamic_causal, k_scale, v_scale, kv_cache_dtype);
+  }
+  if (head_size == 64) {
+    attend<64>(output, query, key_cache, value_cache, starts, lengths, sequences, static_cast<float>(scale), block_table);
+  } else {
+    attend<128>(output, query, key_cache, value_cache, starts, lengths, sequences, static_cast<float>(scale), block_table);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(llmopt, m) {
+  m.def(
+      "prefill_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor(a!) output, "
+      "Tensor query_start_loc, Tensor seq_lens, float scale, bool causal, Tensor? alibi_slopes, "
+      "int sliding_window, Tensor block_table, float softcap, Tensor scheduler_metadata, Tensor? s_aux, "
+      "Tensor? dynamic_causal, float k_scale, float v_scale, str kv_cache_dtype) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(llmopt, CPU, m) {
+  m.impl("prefill_attention", &prefill_attention);
+}
