@@ -154,8 +154,8 @@ def main() -> None:
     parser.add_argument("--out", help="the results file's name in results/ (default: engine_cpu_settings.json for every "
                                       "row once, engine_cpu_settings_repeat.json otherwise)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="an imported model or catalogue id")
-    parser.add_argument("--kernel", metavar="PATH", help=f"adds the row '{OTHER_KERNEL}': llmopt's choice with the small-batch "
-                                                         "kernel library at PATH (another build of it, kept before a change)")
+    parser.add_argument("--kernel", metavar="PATH", help=f"adds the row '{OTHER_KERNEL}': llmopt's choice with the kernel "
+                                                         "library at PATH (another build of `engine.kernels`, both kernels in it, kept before a change)")
     args = parser.parse_args()
     if args.kernel:
         ROWS[OTHER_KERNEL] = (LLMOPT, {kernels.LIBRARY_ENV: str(Path(args.kernel).resolve())}, None)

@@ -133,6 +133,9 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     chosen = vllm.linear_kernels(EngineConfig(), hw)
     packed = chosen in ("packed", "llmopt")
     assert (platform.PACKED_LINEAR_ENV in llmopt.get_endpoint(endpoint.name).environment) == packed
+    prompt = "The sea is wide and the sky is blue. " * 8  # a prompt: the attention kernel's first call says so
+    httpx.post(f"{endpoint.url}/v1/completions", json={"model": endpoint.served_name, "prompt": prompt, "max_tokens": 2},
+               timeout=60).raise_for_status()
     log = Path(endpoint.log_path).read_text().splitlines()
     said = [line for line in log if "packed-weight linear kernels" in line]
     assert len(said) == packed and all(line.startswith("(EngineCore") for line in said), said

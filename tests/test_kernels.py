@@ -42,43 +42,22 @@ def test_the_kernel_gives_vllms_bits_at_every_batch() -> None:
     assert done.stdout.split()[-1] == str(checked)
 
 
-AS_EXACT = """
-import torch, vllm._C
+AGREES = """
+import vllm._C
 from vllm import _custom_ops as ops
 from llmopt.engine import kernels, prefill_attention
-vllms = ops.cpu_attention_with_kv_cache
-checked = prefill_attention.compare(kernels.build(), vllms)
-torch.manual_seed(0)
-heads, kv_heads, size, length, block = 9, 3, 64, 700, prefill_attention.BLOCK
-blocks = -(-length // block)
-key_cache, value_cache = torch.zeros(blocks, kv_heads, 2 * block, size, dtype=torch.bfloat16).chunk(2, dim=2)
-key, value = torch.randn(length, kv_heads, size, dtype=torch.bfloat16) * 2, torch.randn(length, kv_heads, size, dtype=torch.bfloat16)
-ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, torch.arange(length), "vec")
-query = torch.randn(length, heads, size, dtype=torch.bfloat16)
-starts, lengths = torch.tensor([0, length], dtype=torch.int32), torch.tensor([length], dtype=torch.int32)
-table = torch.arange(blocks, dtype=torch.int32)[None]
-plan = ops.cpu_attn_get_scheduler_metadata(1, heads, kv_heads, size, lengths, torch.bfloat16, starts, True, -1, "vec", True)
-heads_of = lambda t: t.double().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
-exact = torch.nn.functional.scaled_dot_product_attention(query.double().transpose(0, 1), heads_of(key), heads_of(value),
-                                                       is_causal=True).transpose(0, 1)
-errors = []
-for call in (vllms, ops.cpu_attention_with_kv_cache):
-    out = torch.zeros(length, heads, size, dtype=torch.bfloat16)
-    call(query, key_cache, value_cache, out, starts, lengths, size ** -0.5, True, None, -1, table, 0.0, plan, None)
-    errors.append(((out.double() - exact).abs().max().item(), (out.double() - exact).abs().mean().item()))
-(vllm_max, vllm_mean), (ours_max, ours_mean) = errors
-assert ours_max <= 1.5 * vllm_max and ours_mean <= 1.5 * vllm_mean, errors  # measured: 1.0x and 1.27x
-print(checked)
+print(prefill_attention.compare(kernels.build(), ops.cpu_attention_with_kv_cache))
 """
 
 
 @runs_here
 def test_the_prefill_attention_agrees_with_vllms_and_with_exact_attention() -> None:
-    """Within bf16's rounding of vLLM's kernel on every checked shape (decodes alone: its bits),
-    and no further from attention computed in float64 than vLLM's kernel is."""
-    done = subprocess.run([sys.executable, "-c", AS_EXACT], capture_output=True, text=True, timeout=900)
+    """On every checked shape and mix of requests, no further from attention computed in float64
+    than vLLM's kernel is (at the largest within 1.5x, on average within 2x); what it hands over, vLLM's bits."""
+    done = subprocess.run([sys.executable, "-c", AGREES], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == str(len(prefill_attention.CHECKED_HEADS) * len(prefill_attention.CHECKED_REQUESTS))
+    calls = len(prefill_attention.CHECKED_HEADS) * (len(prefill_attention.CHECKED_REQUESTS) + len(prefill_attention.HANDED_OVER))
+    assert done.stdout.split()[-1] == str(calls)
 
 
 def test_a_build_without_a_compiler_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:

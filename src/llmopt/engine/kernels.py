@@ -92,7 +92,7 @@ def _run(argv: list[str], what: str, fix: str) -> None:
 
 
 def build() -> Path:
-    """The built library, compiled now if it is not there yet (about 40 s on two cores), and kept
+    """The built library, compiled now if it is not there yet (about 20 s on two cores), and kept
     only once it loads beside vLLM and each kernel agrees with the vLLM kernel it stands in for."""
     target = library_path()
     if target.is_file():

@@ -312,14 +312,16 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& key_cache, con
               value_cache.stride(2) == head_size && key_cache.stride(0) == value_cache.stride(0) &&
               key_cache.stride(1) == value_cache.stride(1) && query.stride(2) == 1 && query.stride(1) == head_size &&
               query.stride(0) % 2 == 0 && output.dim() == 3 && output.stride(2) == 1 &&
-              output.size(0) == query.size(0) && output.size(1) == query.size(1) &&
+              output.size(0) == query.size(0) && output.size(1) == query.size(1) && output.size(2) == head_size &&
+              value_cache.sizes() == key_cache.sizes() && block_table.dim() == 2 &&
               query.size(1) % key_cache.size(1) == 0 && query_start_loc.scalar_type() == at::kInt &&
               seq_lens.scalar_type() == at::kInt && block_table.scalar_type() == at::kInt &&
               query_start_loc.is_contiguous() && seq_lens.is_contiguous() && block_table.stride(1) == 1 &&
-              query_start_loc.numel() == seq_lens.numel() + 1;
+              query_start_loc.numel() == seq_lens.numel() + 1 && block_table.size(0) >= seq_lens.numel();
   const int32_t* starts = ours ? query_start_loc.data_ptr<int32_t>() : nullptr;
   const int32_t* lengths = ours ? seq_lens.data_ptr<int32_t>() : nullptr;
   const int64_t sequences = ours ? seq_lens.numel() : 0;
+  ours = ours && (sequences == 0 || (starts[0] == 0 && starts[sequences] <= query.size(0)));
   bool long_query = false;
   for (int64_t s = 0; s < sequences; ++s) {
     const int64_t queries = starts[s + 1] - starts[s];

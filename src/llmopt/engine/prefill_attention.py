@@ -8,9 +8,9 @@ Without AMX vLLM's kernel computes attention at the processor's fp32 rate: on th
 EPYC a quarter of bf16's 884-token prefill of SmolLM2-135M, a third of SmoothQuant's
 (`benchmarks/step_profile.py`). This one runs the same prefill's attention about twice as fast
 (`benchmarks/cpu_attention.py`). Its probabilities are rounded to bf16 before they multiply the
-values, as vLLM's AMX path rounds them, so its outputs are not vLLM's `vec` path's bits: they
-agree within bf16's rounding (`compare`), and are no further from attention computed in float64
-at their largest, 1.27x on average (tests/test_kernels.py). Keeping P's rounding error out (P in
+values, as vLLM's AMX path rounds them, so its outputs are not vLLM's `vec` path's bits: against
+attention computed in float64 they are no further off than vLLM's at their largest, 1.3-1.6x on
+average (`compare`, which every build passes before it is kept). Keeping P's rounding error out (P in
 two bf16 parts) cost a third of the gain and moved no perplexity measurably (benchmarks/README.md,
 "prefill_attention.py"). It is `EngineConfig.attention_kernel` 'llmopt', the default where it
 applies and llmopt's kernel library is built (`kernels`).
@@ -20,19 +20,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmopt.engine import kernels
+
+if TYPE_CHECKING:
+    import torch
 
 ENV = "LLMOPT_PREFILL_ATTENTION"  # "1": the engine core's attention layers call it
 BLOCK = 128  # vLLM's CPU block size
 MIN_QUERIES = 16  # a step is the kernel's when one of its sequences has this many queries (kMinQuery)
 # Shapes a new build is checked on: SmolLM2-135M's heads, Qwen2.5-Coder-0.5B's and -1.5B's; each
 # with (queries, sequence length) per request: a prompt, a prompt after a cached prefix, a prompt
-# beside decodes (a mixed step), short ones, and decodes alone (handed to vLLM's kernel).
+# beside decodes (a mixed step), short ones; and steps it hands to vLLM's kernel: decodes alone
+# (handed over in Python), 16 decodes and two 15-token chunks (handed over by the kernel).
 CHECKED_HEADS = ((9, 3, 64), (14, 2, 64), (12, 2, 128))
 CHECKED_REQUESTS = (((300, 300),), ((200, 700),), ((1, 500), (1, 90), (40, 40)), ((16, 16), (3, 130), (17, 33)),
-                    ((1, 800), (1, 129)))
-TOLERANCE = 2 ** -6  # of the largest output: a few bf16 roundings (2^-8 each) of one output value
+                    ((1, 800), (1, 129)), ((1, 200),) * 16, ((15, 100), (15, 300)))
+# What it does not do, on a prompt: handed to vLLM's kernel with vLLM's bits out.
+HANDED_OVER = ({"sliding_window": 64}, {"softcap": 30.0})
 
 
 def use(path: str | Path) -> None:
@@ -40,9 +46,15 @@ def use(path: str | Path) -> None:
     takes vLLM's arguments and hands vLLM's kernel every call it does not run itself."""
     import torch
     from vllm import _custom_ops as ops
+    from vllm.logger import init_logger
 
+    logger = init_logger("vllm.llmopt")
+    if torch.cpu._is_amx_tile_supported():  # vLLM's cache is then laid out for its AMX kernel
+        logger.warning("llmopt: its prefill attention is for processors without AMX; vLLM's attention stays")
+        return
     kernels.load(path)
     op, vllms = torch.ops.llmopt.prefill_attention, torch.ops._C.cpu_attention_with_kv_cache
+    said = []  # the first call the kernel takes says so, in the process that runs the model
 
     def attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, output: torch.Tensor,
                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, causal: bool,
@@ -50,7 +62,12 @@ def use(path: str | Path) -> None:
                   scheduler_metadata: torch.Tensor, s_aux: torch.Tensor | None,
                   dynamic_causal: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
                   kv_cache_dtype: str = "auto") -> None:
-        kernel = vllms if query.size(0) < MIN_QUERIES else op  # fewer tokens: no sequence has that many queries
+        if query.size(0) < MIN_QUERIES:  # fewer tokens: no sequence has that many queries
+            kernel = vllms
+        else:
+            kernel = op
+            if not said:
+                said.append(logger.info("llmopt: its bf16 prefill attention kernel for steps that carry a prompt"))
         kernel(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal, alibi_slopes,
            sliding_window, block_table, softcap, scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale,
            kv_cache_dtype)
@@ -58,11 +75,36 @@ def use(path: str | Path) -> None:
     ops.cpu_attention_with_kv_cache = attention  # looked up by name at every call
 
 
+def _exact(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor,
+           starts: list[int], lengths: list[int], scale: float) -> torch.Tensor:
+    """Causal attention in float64 over the cache as vLLM's `vec` path lays it out (keys transposed
+    per block and KV head)."""
+    import torch
+
+    heads, size = query.shape[1], query.shape[2]
+    kv_heads, block = key_cache.shape[1], key_cache.shape[2]
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    for s, length in enumerate(lengths):
+        blocks = table[s, :-(-length // block)].tolist()
+        keys = torch.cat([key_cache[b].reshape(kv_heads, size, block).transpose(1, 2) for b in blocks], 1)[:, :length]
+        values = torch.cat([value_cache[b] for b in blocks], 1)[:, :length]
+        group = heads // kv_heads
+        keys, values = (t.double().repeat_interleave(group, 0) for t in (keys, values))
+        q = query[starts[s]:starts[s + 1]].double().transpose(0, 1)
+        scores = q @ keys.transpose(1, 2) * scale
+        positions = torch.arange(length - q.shape[1], length)[:, None]
+        scores = scores.masked_fill(torch.arange(length)[None, :] > positions, float("-inf"))
+        out[starts[s]:starts[s + 1]] = (scores.softmax(-1) @ values).transpose(0, 1)
+    return out
+
+
 def compare(path: str | Path, vllms: Callable[..., None]) -> int:
-    """The calls checked against vLLM's kernel `vllms` with the library at `path` loaded: every
-    `CHECKED_HEADS` with every `CHECKED_REQUESTS`, the query a strided slice of a fused QKV, blocks
-    in shuffled order. Outputs within `TOLERANCE` of the largest, and on average within a tenth of
-    it; decode-only calls vLLM's own bits. Raises AssertionError on the first that differs."""
+    """The calls checked against vLLM's kernel `vllms` and against attention in float64, with the
+    library at `path` loaded: every `CHECKED_HEADS` with every `CHECKED_REQUESTS`, the query a
+    strided slice of a fused QKV, blocks in shuffled order. Its outputs no further from the exact
+    ones than vLLM's at the largest (within 1.5x), and on average within 2x (P is rounded to
+    bf16: 1.3-1.6x); calls it hands over, and `HANDED_OVER`, vLLM's own bits. Raises AssertionError on the
+    first that fails."""
     import torch
     from vllm import _custom_ops as ops
 
@@ -75,32 +117,40 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
             starts = [0]
             for queries, _ in requests:
                 starts.append(starts[-1] + queries)
-            counts = [-(-length // BLOCK) for _, length in requests]
+            lengths = [length for _, length in requests]
+            counts = [-(-length // BLOCK) for length in lengths]
             cache = torch.randn(sum(counts) + 2, kv_heads, 2 * BLOCK, head_size, dtype=torch.bfloat16, generator=generator)
             key_cache, value_cache = cache.chunk(2, dim=2)
             order = torch.randperm(cache.size(0), generator=generator).int()
             table = torch.zeros(len(requests), max(counts) + 1, dtype=torch.int32)
             for row, count in enumerate(counts):
                 table[row, :count] = order[sum(counts[:row]):sum(counts[:row]) + count]
-            seq_lens = torch.tensor([length for _, length in requests], dtype=torch.int32)
+            seq_lens = torch.tensor(lengths, dtype=torch.int32)
             query_start = torch.tensor(starts, dtype=torch.int32)
             fused = torch.randn(starts[-1], (heads + 2 * kv_heads) * head_size, dtype=torch.bfloat16, generator=generator)
             query = fused[:, :heads * head_size].view(-1, heads, head_size)
-            plan = ops.cpu_attn_get_scheduler_metadata(len(requests), heads, kv_heads, head_size, seq_lens,
-                                                       torch.bfloat16, query_start, True, -1, isa, True)
-            outputs = []
-            for call in (vllms, ops.cpu_attention_with_kv_cache):
-                out = torch.zeros(starts[-1], heads, head_size, dtype=torch.bfloat16)
-                call(query, key_cache, value_cache, out, query_start, seq_lens, head_size ** -0.5, True, None, -1,
-                     table, 0.0, plan, None)
-                outputs.append(out.float())
-            theirs, ours = outputs
-            shape = (heads, kv_heads, head_size, requests)
-            if max(queries for queries, _ in requests) < MIN_QUERIES:
-                assert torch.equal(theirs, ours), shape
-            else:
-                difference = (theirs - ours).abs()
-                assert difference.max() <= TOLERANCE * theirs.abs().max(), (shape, difference.max().item())
-                assert difference.mean() <= TOLERANCE / 10 * theirs.abs().max(), (shape, difference.mean().item())
-            checked += 1
+            arguments = {"scale": head_size ** -0.5, "causal": True, "alibi_slopes": None, "sliding_window": -1,
+                         "softcap": 0.0, "s_aux": None}
+            variants = [{}, *HANDED_OVER] if requests == CHECKED_REQUESTS[0] else [{}]
+            for variant in variants:
+                given = arguments | variant
+                plan = ops.cpu_attn_get_scheduler_metadata(len(requests), heads, kv_heads, head_size, seq_lens, torch.bfloat16,
+                                                           query_start, given["causal"], given["sliding_window"], isa, True)
+                outputs = []
+                for call in (vllms, ops.cpu_attention_with_kv_cache):
+                    out = torch.zeros(starts[-1], heads, head_size, dtype=torch.bfloat16)
+                    call(query=query, key_cache=key_cache, value_cache=value_cache, output=out,
+                         query_start_loc=query_start, seq_lens=seq_lens, block_table=table, scheduler_metadata=plan,
+                         **given)
+                    outputs.append(out.double())
+                theirs, ours = outputs
+                shape = (heads, kv_heads, head_size, requests, variant)
+                if variant or max(queries for queries, _ in requests) < MIN_QUERIES:
+                    assert torch.equal(theirs, ours), shape
+                else:
+                    exact = _exact(query, key_cache, value_cache, table, starts, lengths, arguments["scale"])
+                    theirs_error, ours_error = (theirs - exact).abs(), (ours - exact).abs()
+                    assert ours_error.max() <= 1.5 * theirs_error.max(), (shape, ours_error.max().item(), theirs_error.max().item())
+                    assert ours_error.mean() <= 2 * theirs_error.mean(), (shape, ours_error.mean().item(), theirs_error.mean().item())
+                checked += 1
     return checked

@@ -163,10 +163,7 @@ def kernels_from_environment() -> None:
         if library and os.environ.get(small_batch_linear.ENV) == "1":
             small_batch_linear.use(library)
     if library and os.environ.get(prefill_attention.ENV) == "1":
-        from vllm.logger import init_logger
-
         prefill_attention.use(library)
-        init_logger("vllm.llmopt").info("llmopt: its bf16 prefill attention kernel for steps that carry a prompt")
 
 
 _finalized_as_loaded()
