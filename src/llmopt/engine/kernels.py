@@ -6,8 +6,8 @@ The build is direct: one g++ command over torch's headers and libraries, found w
 torch, into the environment's `lib/llmopt-kernels/`, named by the sources' hash and torch's and
 vLLM's versions, so a changed source, torch or vLLM builds anew and a deploy can tell cheaply
 whether it exists. A build is kept only once it has loaded beside vLLM and each kernel has agreed
-with vLLM's (`small_batch_linear.compare`: the same bits; `prefill_attention.compare`: within
-bf16's rounding). `scripts/install.sh` builds it; a deploy that asks for a kernel builds it first.
+with vLLM's (`small_batch_linear.compare`: the same bits; `prefill_attention.compare`: no further
+from attention in float64 than vLLM's, and vLLM's bits for what it hands over). `scripts/install.sh` builds it; a deploy that asks for a kernel builds it first.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ SOURCES = (Path(__file__).with_name("small_batch_linear.cpp"), Path(__file__).wi
 LIBRARY_ENV = "LLMOPT_KERNELS"  # the built library's path: the engine core loads it
 PREFIX = "llmopt-kernels-"
 LINEAR_MAX_ROWS = 64  # the most rows the linear kernel runs itself; more go to vLLM's
+ATTENTION_MIN_QUERIES = 16  # a step is the attention kernel's when one of its sequences has this many queries
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16",
          "-D_GLIBCXX_USE_CXX11_ABI=1",  # torch's wheels since 2.7; a mismatch fails the build's self-check
-         f"-DLLMOPT_MAX_ROWS={LINEAR_MAX_ROWS}")
+         f"-DLLMOPT_MAX_ROWS={LINEAR_MAX_ROWS}", f"-DLLMOPT_MIN_QUERIES={ATTENTION_MIN_QUERIES}")
 FALLBACK = "set linear_kernels: packed and attention_kernel: vllm"
 SELF_CHECK = """
 import sys, torch, vllm._C

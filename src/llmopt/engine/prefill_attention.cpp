@@ -36,7 +36,8 @@ namespace {
 
 constexpr int64_t kKeys = 32;       // keys a score tile covers (two vectors of 16)
 constexpr int64_t kRows = 8;        // query rows sharing each loaded key pair
-constexpr int64_t kMinQuery = 16;   // a step is ours when one of its sequences has this many queries
+// kernels.ATTENTION_MIN_QUERIES: a step is ours when one of its sequences has this many queries
+constexpr int64_t kMinQuery = LLMOPT_MIN_QUERIES;
 
 // 2^x for x in fp32 lanes, x <= 0: x = n + f, |f| <= 0.5, 2^f by its Taylor series to f^6
 // (relative error under 2e-7), scaled by 2^n.

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 ENV = "LLMOPT_PREFILL_ATTENTION"  # "1": the engine core's attention layers call it
 BLOCK = 128  # vLLM's CPU block size
-MIN_QUERIES = 16  # a step is the kernel's when one of its sequences has this many queries (kMinQuery)
+MIN_QUERIES = kernels.ATTENTION_MIN_QUERIES  # a step is the kernel's when one of its sequences has this many queries
 # Shapes a new build is checked on: SmolLM2-135M's heads, Qwen2.5-Coder-0.5B's and -1.5B's; each
 # with (queries, sequence length) per request: a prompt, a prompt after a cached prefix, a prompt
 # beside decodes (a mixed step), short ones; and steps it hands to vLLM's kernel: decodes alone
@@ -54,7 +54,6 @@ def use(path: str | Path) -> None:
         return
     kernels.load(path)
     op, vllms = torch.ops.llmopt.prefill_attention, torch.ops._C.cpu_attention_with_kv_cache
-    said = []  # the first call the kernel takes says so, in the process that runs the model
 
     def attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, output: torch.Tensor,
                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, causal: bool,
@@ -64,13 +63,12 @@ def use(path: str | Path) -> None:
                   kv_cache_dtype: str = "auto") -> None:
         if query.size(0) < MIN_QUERIES:  # fewer tokens: no sequence has that many queries
             kernel = vllms
-        else:
+        else:  # said once, by the process that runs the model
             kernel = op
-            if not said:
-                said.append(logger.info("llmopt: its bf16 prefill attention kernel for steps that carry a prompt"))
+            logger.info_once("llmopt: its bf16 prefill attention kernel for steps that carry a prompt")
         kernel(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal, alibi_slopes,
-           sliding_window, block_table, softcap, scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale,
-           kv_cache_dtype)
+               sliding_window, block_table, softcap, scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale,
+               kv_cache_dtype)
 
     ops.cpu_attention_with_kv_cache = attention  # looked up by name at every call
 
