@@ -2,7 +2,10 @@
 steps of SmolLM2-135M in vLLM's offline API (`LLM.generate`, no HTTP front end), in the engine
 environment llmopt chooses here (its OpenMP threads, preloads, linear kernels and attention
 kernel), at batch 1 and 8, and one prefill of the built-in QA workload's first prompt (884 tokens
-in SmolLM2's template).
+in SmolLM2's template). And by vLLM's own phases (`PHASES`: the scheduler, input preparation,
+attention metadata, the model's forward, the `lm_head`, sampling, output processing), each timed
+around vLLM's method in the same steps: what a step spends outside the model, which an operator
+profile does not see.
 
 Also times plain steps without the profiler (best of three generate calls of 128 tokens) and,
 for the linear layers, the weight bytes they stream per second and the multiply-adds they do per
@@ -32,6 +35,50 @@ DECODE_STEPS = 128
 PREFILL_REPEATS = 4
 RESULTS = Path(__file__).parent / "results" / "step_profile.json"
 LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_with_quant", "llmopt::small_batch_linear")
+# vLLM 0.32's methods a step passes through once each, by module and qualified name; the engine
+# step holds all of them, the model runner's `execute_model` the forward and the `lm_head`.
+PHASES = (("vllm.v1.engine.llm_engine", "LLMEngine.step"), ("vllm.v1.core.sched.scheduler", "Scheduler.schedule"),
+          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model"),
+          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states"),
+          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._prepare_inputs"),
+          ("vllm.v1.worker.block_table", "BlockTable.compute_slot_mapping"),
+          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._build_attention_metadata"),
+          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._model_forward"),
+          ("vllm.model_executor.layers.logits_processor", "LogitsProcessor.forward"),
+          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens"), ("vllm.v1.sample.sampler", "Sampler.forward"),
+          ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output"),
+          ("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs"))
+
+
+def phases(run, steps: int) -> dict[str, float]:
+    """Median milliseconds a step in each of `PHASES`, over one `run` of `steps` steps, each timed
+    around vLLM's method (a timer costs about a microsecond)."""
+    import importlib
+    import statistics
+
+    found: dict[str, list[float]] = {name: [] for _, name in PHASES}
+    originals = []
+    for module, name in PHASES:
+        class_name, attribute = name.split(".")
+        owner = getattr(importlib.import_module(module), class_name)
+        method = getattr(owner, attribute)
+        originals.append((owner, attribute, method))
+
+        def timed(*args, _method=method, _times=found[name], **kwargs):
+            started = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                _times.append(time.perf_counter() - started)
+
+        setattr(owner, attribute, timed)
+    try:
+        run()
+    finally:
+        for owner, attribute, method in originals:
+            setattr(owner, attribute, method)
+    assert all(len(times) >= steps for times in found.values()), {name: len(times) for name, times in found.items()}
+    return {name: round(statistics.median(times) * 1e3, 3) for name, times in found.items()}
 
 
 def main(model: str, kernels: str | None, out: Path) -> None:
@@ -85,6 +132,7 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     found = {}
     for batch in BATCHES:
         found[f"batch {batch}"] = profiled(lambda: generate([short] * batch, DECODE_STEPS), 1, DECODE_STEPS, batch, batch)
+        found[f"batch {batch}"]["phases_ms"] = phases(lambda: generate([short] * batch, DECODE_STEPS), DECODE_STEPS)
     # one output token: the run is the prompt's prefill (vLLM's budget takes it in one step) and a sample
     found[f"prefill {long_tokens}"] = profiled(lambda: generate([long], 1), PREFILL_REPEATS, 1, long_tokens, 1)
     for name, phase in found.items():
@@ -92,6 +140,10 @@ def main(model: str, kernels: str | None, out: Path) -> None:
               f"{phase['linear_ms']:.2f} ms ({phase['linear_gb_s']} GB/s, {phase['linear_gflop_s']} GFLOP/s)")
         for r in phase["ops"]:
             print(f"  {r['op'][:46]:<46} {r['ms_a_step']:>7.3f} ms {r['calls_a_step']:>7.1f} calls {r['share']:>6.1%}")
+        if "phases_ms" in phase:
+            print("  by vLLM's phases, median ms a step:")
+            for name, ms in phase["phases_ms"].items():
+                print(f"    {name:<46} {ms:>7.3f} ms")
     hw = platform.detect()
     out.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "model": model,
                                "linear_kernels": vllm.linear_kernels(EngineConfig(linear_kernels=kernels), hw),
