@@ -20,10 +20,14 @@ step_profile_<kernels>.json; `--model` takes an artifact's folder (a quantized o
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import os
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from llmopt import EngineConfig, roofline, sources
@@ -50,12 +54,9 @@ PHASES = (("vllm.v1.engine.llm_engine", "LLMEngine.step"), ("vllm.v1.core.sched.
           ("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs"))
 
 
-def phases(run, steps: int) -> dict[str, float]:
+def phases(run: Callable[[], None], steps: int) -> dict[str, float]:
     """Median milliseconds a step in each of `PHASES`, over one `run` of `steps` steps, each timed
     around vLLM's method (a timer costs about a microsecond)."""
-    import importlib
-    import statistics
-
     found: dict[str, list[float]] = {name: [] for _, name in PHASES}
     originals = []
     for module, name in PHASES:
@@ -131,8 +132,8 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     generate([short], 8)
     found = {}
     for batch in BATCHES:
-        found[f"batch {batch}"] = profiled(lambda: generate([short] * batch, DECODE_STEPS), 1, DECODE_STEPS, batch, batch)
-        found[f"batch {batch}"]["phases_ms"] = phases(lambda: generate([short] * batch, DECODE_STEPS), DECODE_STEPS)
+        decode = functools.partial(generate, [short] * batch, DECODE_STEPS)
+        found[f"batch {batch}"] = profiled(decode, 1, DECODE_STEPS, batch, batch) | {"phases_ms": phases(decode, DECODE_STEPS)}
     # one output token: the run is the prompt's prefill (vLLM's budget takes it in one step) and a sample
     found[f"prefill {long_tokens}"] = profiled(lambda: generate([long], 1), PREFILL_REPEATS, 1, long_tokens, 1)
     for name, phase in found.items():
