@@ -10,7 +10,7 @@ one model thread instead of two. Then thread placement on llmopt's choice: vLLM'
 pinning (`KMP_AFFINITY` as its CPU worker sets it) given to the whole server, and the same with
 every thread but the model's main one set back to every core once the server is ready; and
 OpenMP's spin before sleeping (`KMP_BLOCKTIME`) at 0 and 200 ms against vLLM's 5; and streaming
-8 or 32 tokens a chunk (`stream_interval`) instead of every token; and the engine core spawned
+4, 8 or 32 tokens a chunk (`stream_interval`) instead of every token; and the engine core spawned
 as vLLM does it rather than forked from the API server; and torch's gloo threads, which poll every
 10 ms, in Linux's idle scheduling class. Each row
 records which cores each server thread may run on. Decode speed at batch 1 and 8 with fixed
@@ -63,6 +63,7 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     "llmopt, KMP_BLOCKTIME=0": (LLMOPT, {"KMP_BLOCKTIME": "0"}, None),
     "llmopt, KMP_BLOCKTIME=200": (LLMOPT, {"KMP_BLOCKTIME": "200"}, None),
     # fewer, larger stream chunks: less serializing and sending per token on the cores the model shares
+    "llmopt, stream interval 4": (LLMOPT.model_copy(update={"stream_interval": 4}), {}, None),
     "llmopt, stream interval 8": (LLMOPT.model_copy(update={"stream_interval": 8}), {}, None),
     "llmopt, stream interval 32": (LLMOPT.model_copy(update={"stream_interval": 32}), {}, None),
     # the front end yields to the model: the API server's threads at a lower priority, so the

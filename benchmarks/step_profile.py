@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +30,7 @@ from pathlib import Path
 
 from llmopt import EngineConfig, roofline, sources
 from llmopt.engine import kernels, platform, prefill_attention, small_batch_linear, vllm
+from phase_timer.phase_timer import PHASES, Timer
 
 MODEL = "smollm2-135m-instruct"
 BATCHES = (1, 8)
@@ -39,47 +38,16 @@ DECODE_STEPS = 128
 PREFILL_REPEATS = 4
 RESULTS = Path(__file__).parent / "results" / "step_profile.json"
 LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_with_quant", "llmopt::small_batch_linear")
-# vLLM 0.32's methods a step passes through once each, by module and qualified name; the engine
-# step holds all of them, the model runner's `execute_model` the forward and the `lm_head`.
-PHASES = (("vllm.v1.engine.llm_engine", "LLMEngine.step"), ("vllm.v1.core.sched.scheduler", "Scheduler.schedule"),
-          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model"),
-          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states"),
-          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._prepare_inputs"),
-          ("vllm.v1.worker.block_table", "BlockTable.compute_slot_mapping"),
-          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._build_attention_metadata"),
-          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._model_forward"),
-          ("vllm.model_executor.layers.logits_processor", "LogitsProcessor.forward"),
-          ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens"), ("vllm.v1.sample.sampler", "Sampler.forward"),
-          ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output"),
-          ("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs"))
 
 
-def phases(run: Callable[[], None], steps: int) -> dict[str, float]:
+def phases(timer: Timer, run: Callable[[], None], steps: int) -> dict[str, float]:
     """Median milliseconds a step in each of `PHASES`, over one `run` of `steps` steps, each timed
-    around vLLM's method (a timer costs about a microsecond)."""
-    found: dict[str, list[float]] = {name: [] for _, name in PHASES}
-    originals = []
-    for module, name in PHASES:
-        class_name, attribute = name.split(".")
-        owner = getattr(importlib.import_module(module), class_name)
-        method = getattr(owner, attribute)
-        originals.append((owner, attribute, method))
-
-        def timed(*args, _method=method, _times=found[name], **kwargs):
-            started = time.perf_counter()
-            try:
-                return _method(*args, **kwargs)
-            finally:
-                _times.append(time.perf_counter() - started)
-
-        setattr(owner, attribute, timed)
-    try:
-        run()
-    finally:
-        for owner, attribute, method in originals:
-            setattr(owner, attribute, method)
-    assert all(len(times) >= steps for times in found.values()), {name: len(times) for name, times in found.items()}
-    return {name: round(statistics.median(times) * 1e3, 3) for name, times in found.items()}
+    around vLLM's method by `timer` (a timer costs about a microsecond)."""
+    timer.take()
+    run()
+    found = timer.take()
+    assert all(found.get(name, {}).get("calls", 0) >= steps for _, name in PHASES), found
+    return {name: found[name]["wall_ms"] for _, name in PHASES}
 
 
 def main(model: str, kernels: str | None, out: Path) -> None:
@@ -93,6 +61,8 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     serve.kernels_from_environment()
     folder = Path(model) if Path(model).is_dir() else Path(sources.resolve(model).path)
     traffic = roofline.traffic(folder)
+    timer = Timer()
+    timer.install(import_modules=True)
     # no prefix caching: the prefill profile sends one prompt again and again
     llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False)
     short = "Write a story about a cat. " * 2
@@ -133,7 +103,7 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     found = {}
     for batch in BATCHES:
         decode = functools.partial(generate, [short] * batch, DECODE_STEPS)
-        found[f"batch {batch}"] = profiled(decode, 1, DECODE_STEPS, batch, batch) | {"phases_ms": phases(decode, DECODE_STEPS)}
+        found[f"batch {batch}"] = profiled(decode, 1, DECODE_STEPS, batch, batch) | {"phases_ms": phases(timer, decode, DECODE_STEPS)}
     # one output token: the run is the prompt's prefill (vLLM's budget takes it in one step) and a sample
     found[f"prefill {long_tokens}"] = profiled(lambda: generate([long], 1), PREFILL_REPEATS, 1, long_tokens, 1)
     for name, phase in found.items():
@@ -152,20 +122,25 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     print(f"\nwrote {out}")
 
 
+def in_engine_environment(chosen: str | None) -> None:
+    """Runs this script again, unless it already runs so, in the environment llmopt gives the engine
+    here with the linear kernels `chosen` (None: llmopt's choice), with compiled code of its own for
+    each choice: the kernels are ops in the graph, and vLLM's key for its saved model does not know
+    them (llmopt's compile cache does, `compile_cache.components`)."""
+    engine_env = vllm.environment(EngineConfig(max_model_len=2048, linear_kernels=chosen), platform.detect())
+    unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV) if name not in engine_env]
+    if any(os.environ.get(name) != value for name, value in engine_env.items()) or any(n in os.environ for n in unset):
+        clean = {k: v for k, v in os.environ.items() if k not in unset}
+        cache = Path.home() / ".cache" / "llmopt-step-profile" / vllm.linear_kernels(EngineConfig(linear_kernels=chosen), platform.detect())
+        os.execve(sys.executable, [sys.executable, *sys.argv], clean | engine_env | {
+            "TQDM_DISABLE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=MODEL, help="a catalogued or imported model, or an artifact's folder")
     parser.add_argument("--kernels", choices=("packed", "llmopt", "vllm"), help="the linear kernels (unset: llmopt's choice here)")
     parser.add_argument("--out", type=Path, help="the JSON to write (default: results/step_profile[_KERNELS].json)")
     args = parser.parse_args()
-    chosen = args.kernels
-    engine_env = vllm.environment(EngineConfig(max_model_len=2048, linear_kernels=chosen), platform.detect())
-    unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV) if name not in engine_env]
-    if any(os.environ.get(name) != value for name, value in engine_env.items()) or any(n in os.environ for n in unset):
-        clean = {k: v for k, v in os.environ.items() if k not in unset}
-        # compiled code of its own for each choice: the kernels are ops in the graph, and vLLM's key for
-        # its saved model does not know them (llmopt's compile cache does, `compile_cache.components`)
-        cache = Path.home() / ".cache" / "llmopt-step-profile" / vllm.linear_kernels(EngineConfig(linear_kernels=chosen), platform.detect())
-        os.execve(sys.executable, [sys.executable, *sys.argv], clean | engine_env | {
-            "TQDM_DISABLE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
-    main(args.model, chosen, args.out or (RESULTS.with_name(f"step_profile_{chosen}.json") if chosen else RESULTS))
+    in_engine_environment(args.kernels)
+    main(args.model, args.kernels, args.out or (RESULTS.with_name(f"step_profile_{args.kernels}.json") if args.kernels else RESULTS))

@@ -1,0 +1,139 @@
+"""Where a decode step goes served, against vLLM's offline API in the same hour: vLLM's phases
+(`phase_timer.PHASES`) timed around vLLM's methods inside the engine core, wall time and the
+thread's CPU time, for SmolLM2-135M in llmopt's engine settings. Served: an endpoint as llmopt
+deploys it, driven by llmopt's load generator at concurrency 1 and 8 (64 tokens in, 128 out,
+end-of-sequence ignored, as `engine_cpu_settings.py` measures), the engine core timed through
+`phase_timer/sitecustomize.py` on the server's PYTHONPATH. Offline: vLLM's `LLM.generate` in
+the same engine environment (`step_profile.in_engine_environment`), batches of 1 and 8, the same
+lengths. The two alternate, `--rounds` times each. Writes results/served_step.json (or `--out`).
+
+    .venv/bin/python benchmarks/served_step.py [--rounds N] [--out NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+from phase_timer import phase_timer
+
+MODEL = "smollm2-135m-instruct"
+WORKLOAD = "synthetic:64,128"
+LEVELS = {1: 6, 8: 24}  # batch or concurrency -> requests, as engine_cpu_settings.py
+TIMER_DIR = Path(__file__).parent / "phase_timer"
+RESULTS = Path(__file__).parent / "results"
+SHOWN = ("EngineCore.step", "GPUModelRunner._prepare_inputs", "BlockTable.compute_slot_mapping",
+         "GPUModelRunner._build_attention_metadata", "GPUModelRunner._model_forward", "LogitsProcessor.forward",
+         "GPUModelRunner.sample_tokens", "Scheduler.schedule", "Scheduler.update_from_output")
+
+
+def _flushed(times: Path) -> dict[str, dict[str, float]]:
+    """The phases the served engine core timed since the last flush."""
+    flush = times.with_name(times.name + phase_timer.FLUSH)
+    flush.touch()
+    deadline = time.monotonic() + 30
+    while flush.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the engine core did not write its phases to {times}")
+        time.sleep(0.05)
+    return json.loads(times.read_text().splitlines()[-1])["phases"]
+
+
+def served(times: Path) -> list[dict]:
+    import llmopt
+    from engine_cpu_settings import LLMOPT
+    from llmopt.engine import vllm
+
+    chosen = vllm.environment
+    env = {"PYTHONPATH": str(TIMER_DIR), phase_timer.ENV: str(times)}
+    rows = []
+    with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):
+        with llmopt.deploy(MODEL, engine=LLMOPT) as endpoint:
+            _flushed(times)  # the start's and warm-up's steps
+            for level, count in LEVELS.items():
+                result = llmopt.evaluate(endpoint=endpoint.name, dataset=WORKLOAD, concurrency=[level], requests=count,
+                                         quality=False)
+                rows.append({"mode": "served", "batch": level, "phases": _flushed(times),
+                             "out_tok_s": round(result.targets[0].levels[0].output_tokens_per_s, 1)})
+    return rows
+
+
+def offline(out: Path) -> None:
+    """In the engine environment (this script run again with --offline OUT): the same lengths in
+    vLLM's offline API, as many requests a batch as a served level sends; the rows into `out`."""
+    from step_profile import in_engine_environment
+
+    in_engine_environment(None)
+    from vllm import LLM, SamplingParams
+
+    from llmopt import sources
+    from llmopt.engine import serve
+    from llmopt.evaluation import workload
+
+    serve.kernels_from_environment()
+    timer = phase_timer.Timer()
+    timer.install(import_modules=True)
+    llm = LLM(sources.resolve(MODEL).path, max_model_len=2048, seed=0, enable_prefix_caching=False)
+    tokenizer = llm.get_tokenizer()
+    prompts = [tokenizer.apply_chat_template(list(r.messages), tokenize=False, add_generation_prompt=True)
+               for r in workload.load(WORKLOAD, tokenizer=tokenizer).take(max(LEVELS.values()))]
+    params = SamplingParams(max_tokens=128, min_tokens=128, ignore_eos=True, temperature=0)
+    llm.generate(prompts[:1], params, use_tqdm=False)
+    timer.take()
+    rows = []
+    for batch, count in LEVELS.items():
+        started = time.perf_counter()
+        for first in range(0, count, batch):
+            llm.generate(prompts[first:first + batch], params, use_tqdm=False)
+        rows.append({"mode": "offline", "batch": batch, "phases": timer.take(),
+                     "out_tok_s": round(count * 128 / (time.perf_counter() - started), 1)})
+    out.write_text(json.dumps(rows))
+
+
+def main(rounds: int, out: Path) -> None:
+    from llmopt.engine import platform
+
+    times = Path(f"/tmp/llmopt-served-step-{os.getpid()}.jsonl")
+    rows = []
+    for r in range(rounds):
+        subprocess.run([sys.executable, __file__, "--offline", str(times.with_suffix(".offline"))], check=True)
+        rows += [row | {"round": r} for row in json.loads(times.with_suffix(".offline").read_text())]
+        rows += [row | {"round": r} for row in served(times)]
+    times.unlink(missing_ok=True)
+    times.with_suffix(".offline").unlink(missing_ok=True)
+    out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")  # kept should the summary fail
+    median = {(mode, batch): {name: {k: statistics.median(row["phases"][name][k] for row in rows
+                                                          if (row["mode"], row["batch"]) == (mode, batch))
+                                     for k in ("wall_ms", "cpu_ms")} for name in SHOWN}
+              for mode in ("offline", "served") for batch in LEVELS}
+    columns = [(mode, batch) for batch in LEVELS for mode in ("offline", "served")]
+    print(f"median of {rounds} rounds, ms a call, wall (CPU):")
+    print(f"{'phase':<42}" + "".join(f"{f'{mode} b{batch}':>18}" for mode, batch in columns))
+    for name in SHOWN:
+        print(f"{name:<42}" + "".join(f"{median[c][name]['wall_ms']:>9.3f} ({median[c][name]['cpu_ms']:.3f})" for c in columns))
+    print(f"{'output tokens/s':<42}" + "".join(
+        f"{statistics.median(row['out_tok_s'] for row in rows if (row['mode'], row['batch']) == c):>18.1f}" for c in columns))
+    out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": MODEL, "workload": WORKLOAD,
+                               "levels": LEVELS, "rows": rows,
+                               "medians": {f"{mode} b{batch}": phases for (mode, batch), phases in median.items()}},
+                              indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="offline and served runs in turn, this many of each")
+    parser.add_argument("--out", default="served_step.json", help="the results file's name in results/")
+    parser.add_argument("--offline", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.offline:
+        offline(args.offline)
+    else:
+        main(args.rounds, RESULTS / args.out)
