@@ -2,9 +2,12 @@
 (`phase_timer.PHASES`) timed around vLLM's methods inside the engine core, wall time and the
 thread's CPU time, for SmolLM2-135M in llmopt's engine settings. Served: an endpoint as llmopt
 deploys it, driven by llmopt's load generator at concurrency 1 and 8 (64 tokens in, 128 out,
-end-of-sequence ignored, as `engine_cpu_settings.py` measures), the engine core timed through
-`phase_timer/sitecustomize.py` on the server's PYTHONPATH. Offline: vLLM's `LLM.generate` in
-the same engine environment (`step_profile.in_engine_environment`), batches of 1 and 8, the same
+end-of-sequence ignored, as `engine_cpu_settings.py` measures: a level's warm-up and at least
+`levels.MIN_DURATION_S` of requests, so its steps include new prompts' prefills beside the
+decodes), the engine core timed through `phase_timer/sitecustomize.py` on the server's
+PYTHONPATH. Offline: vLLM's `LLM.generate` in the same engine environment
+(`step_profile.in_engine_environment`; prefix caching off, where the server keeps vLLM's default,
+on, though every prompt is new to it), 6 requests one at a time and 24 eight at a time, the same
 lengths. The two alternate, `--rounds` times each. Writes results/served_step.json (or `--out`).
 
     .venv/bin/python benchmarks/served_step.py [--rounds N] [--out NAME]
@@ -26,7 +29,7 @@ from phase_timer import phase_timer
 
 MODEL = "smollm2-135m-instruct"
 WORKLOAD = "synthetic:64,128"
-LEVELS = {1: 6, 8: 24}  # batch or concurrency -> requests, as engine_cpu_settings.py
+LEVELS = {1: 6, 8: 24}  # batch or concurrency -> requests (served: at least, as engine_cpu_settings.py asks)
 TIMER_DIR = Path(__file__).parent / "phase_timer"
 RESULTS = Path(__file__).parent / "results"
 SHOWN = ("EngineCore.step", "GPUModelRunner._prepare_inputs", "BlockTable.compute_slot_mapping",
@@ -34,8 +37,8 @@ SHOWN = ("EngineCore.step", "GPUModelRunner._prepare_inputs", "BlockTable.comput
          "GPUModelRunner.sample_tokens", "Scheduler.schedule", "Scheduler.update_from_output")
 
 
-def _flushed(times: Path) -> dict[str, dict[str, float]]:
-    """The phases the served engine core timed since the last flush."""
+def _flushed(times: Path, engine_core: int) -> dict[str, dict[str, float]]:
+    """The phases the served engine core (pid `engine_core`) timed since the last flush."""
     flush = times.with_name(times.name + phase_timer.FLUSH)
     flush.touch()
     deadline = time.monotonic() + 30
@@ -43,11 +46,12 @@ def _flushed(times: Path) -> dict[str, dict[str, float]]:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the engine core did not write its phases to {times}")
         time.sleep(0.05)
-    return json.loads(times.read_text().splitlines()[-1])["phases"]
+    return [found for found in map(json.loads, times.read_text().splitlines()) if found["pid"] == engine_core][-1]["phases"]
 
 
 def served(times: Path) -> list[dict]:
     import llmopt
+    from decode_profile import server_pids
     from engine_cpu_settings import LLMOPT
     from llmopt.engine import vllm
 
@@ -56,18 +60,19 @@ def served(times: Path) -> list[dict]:
     rows = []
     with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):
         with llmopt.deploy(MODEL, engine=LLMOPT) as endpoint:
-            _flushed(times)  # the start's and warm-up's steps
+            engine_core = server_pids(endpoint.pid)["engine core"]
+            _flushed(times, engine_core)  # the start's warm-up runs
             for level, count in LEVELS.items():
                 result = llmopt.evaluate(endpoint=endpoint.name, dataset=WORKLOAD, concurrency=[level], requests=count,
                                          quality=False)
-                rows.append({"mode": "served", "batch": level, "phases": _flushed(times),
+                rows.append({"mode": "served", "batch": level, "phases": _flushed(times, engine_core),
                              "out_tok_s": round(result.targets[0].levels[0].output_tokens_per_s, 1)})
     return rows
 
 
 def offline(out: Path) -> None:
     """In the engine environment (this script run again with --offline OUT): the same lengths in
-    vLLM's offline API, as many requests a batch as a served level sends; the rows into `out`."""
+    vLLM's offline API, `LEVELS` requests a batch size; the rows into `out`."""
     from step_profile import in_engine_environment
 
     in_engine_environment(None)

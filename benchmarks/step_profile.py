@@ -42,7 +42,8 @@ LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_w
 
 def phases(timer: Timer, run: Callable[[], None], steps: int) -> dict[str, float]:
     """Median milliseconds a step in each of `PHASES`, over one `run` of `steps` steps, each timed
-    around vLLM's method by `timer` (a timer costs about a microsecond)."""
+    around vLLM's method by `timer`, installed for the whole script (a timer costs about a
+    microsecond, a few tens a step)."""
     timer.take()
     run()
     found = timer.take()

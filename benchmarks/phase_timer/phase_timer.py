@@ -90,9 +90,15 @@ class Timer:
         return found
 
 
+def _engine_core() -> bool:
+    """Whether this process is vLLM's engine core, by the title vLLM gives it."""
+    return Path("/proc/self/cmdline").read_bytes().startswith(b"VLLM::EngineCore")
+
+
 def serve_in_background(out: Path) -> None:
     """In a server: time the phases in each process forked from this one (vLLM's engine core, as
-    llmopt starts it), and append them to `out` whenever the benchmark creates `out` + FLUSH."""
+    llmopt starts it), and have the engine core append them to `out`, with its pid, whenever the
+    benchmark creates `out` + FLUSH. Installed at the fork, before the engine core makes its engine."""
     timer = Timer()
     flush = out.with_name(out.name + FLUSH)
 
@@ -100,9 +106,13 @@ def serve_in_background(out: Path) -> None:
         while True:
             time.sleep(0.1)
             timer.install()
-            if flush.exists() and timer.installed("EngineCore.step"):
+            if flush.exists() and timer.installed("EngineCore.step") and _engine_core():
                 with out.open("a") as f:
                     f.write(json.dumps({"pid": os.getpid(), "phases": timer.take()}) + "\n")
                 flush.unlink(missing_ok=True)
 
-    os.register_at_fork(after_in_child=lambda: threading.Thread(target=watch, daemon=True).start())
+    def forked() -> None:
+        timer.install()
+        threading.Thread(target=watch, daemon=True).start()
+
+    os.register_at_fork(after_in_child=forked)
