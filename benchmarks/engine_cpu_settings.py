@@ -78,6 +78,7 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     "llmopt, gloo's polling threads idle-class": (LLMOPT, {}, lambda pid: idle_threads(pid, "gloo_tcp_loop")),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
+WORKLOAD = "synthetic:64,128"
 OTHER_KERNEL = "llmopt, another small-batch kernel build (--kernel)"
 
 
@@ -131,7 +132,8 @@ def renice_api_server(pid: int, niceness: int) -> None:
 
 
 def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], once_ready: Callable[[int], None] | None,
-                       model: str = "smollm2-135m-instruct") -> dict:
+                       model: str = "smollm2-135m-instruct", after_level: Callable[[int], dict] | None = None) -> dict:
+    """One deployment's row: each of `LEVELS` in turn, and what `after_level` adds after each."""
     chosen = vllm.environment
     with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):  # over what llmopt sets
         with llmopt.deploy(model, engine=engine) as endpoint:
@@ -140,11 +142,13 @@ def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], on
             row = {"config": label, "env": endpoint.environment, "ready_s": round(endpoint.seconds_to_ready, 1),
                    "threads_by_cores": placement(endpoint.pid)}
             for level, count in LEVELS.items():
-                result = llmopt.evaluate(endpoint=endpoint.name, dataset="synthetic:64,128", concurrency=[level],
+                result = llmopt.evaluate(endpoint=endpoint.name, dataset=WORKLOAD, concurrency=[level],
                                          requests=count, quality=False)
                 lvl = result.targets[0].levels[0]
                 row[f"out_tok_s_c{level}"] = round(lvl.output_tokens_per_s, 1)
                 row[f"itl_p50_ms_c{level}"] = round(lvl.itl_ms.p50, 2)
+                if after_level:
+                    row |= after_level(level)
             return row
 
 
@@ -179,7 +183,7 @@ def main() -> None:
     out = Path(__file__).parent / "results" / (args.out or ("engine_cpu_settings.json" if not args.rows and args.repeat == 1
                                                             else "engine_cpu_settings_repeat.json"))
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "workload": "synthetic:64,128", "cores": CORES, "rows": rows,
+    out.write_text(json.dumps({"model": args.model, "workload": WORKLOAD, "cores": CORES, "rows": rows,
                                "medians": medians}, indent=2))
 
 

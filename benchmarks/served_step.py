@@ -23,13 +23,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
+from engine_cpu_settings import LEVELS, LLMOPT, WORKLOAD, deploy_and_measure
 from phase_timer import phase_timer
 
 MODEL = "smollm2-135m-instruct"
-WORKLOAD = "synthetic:64,128"
-LEVELS = {1: 6, 8: 24}  # batch or concurrency -> requests (served: at least, as engine_cpu_settings.py asks)
 TIMER_DIR = Path(__file__).parent / "phase_timer"
 RESULTS = Path(__file__).parent / "results"
 SHOWN = ("EngineCore.step", "GPUModelRunner._prepare_inputs", "BlockTable.compute_slot_mapping",
@@ -50,24 +48,19 @@ def _flushed(times: Path, engine_core: int) -> dict[str, dict[str, float]]:
 
 
 def served(times: Path) -> list[dict]:
-    import llmopt
+    """A deployment measured as `engine_cpu_settings.py` measures one, its engine core's phases by level."""
     from decode_profile import server_pids
-    from engine_cpu_settings import LLMOPT
-    from llmopt.engine import vllm
 
-    chosen = vllm.environment
-    env = {"PYTHONPATH": str(TIMER_DIR), phase_timer.ENV: str(times)}
-    rows = []
-    with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):
-        with llmopt.deploy(MODEL, engine=LLMOPT) as endpoint:
-            engine_core = server_pids(endpoint.pid)["engine core"]
-            _flushed(times, engine_core)  # the start's warm-up runs
-            for level, count in LEVELS.items():
-                result = llmopt.evaluate(endpoint=endpoint.name, dataset=WORKLOAD, concurrency=[level], requests=count,
-                                         quality=False)
-                rows.append({"mode": "served", "batch": level, "phases": _flushed(times, engine_core),
-                             "out_tok_s": round(result.targets[0].levels[0].output_tokens_per_s, 1)})
-    return rows
+    engine_core: list[int] = []
+
+    def ready(pid: int) -> None:
+        engine_core.append(server_pids(pid)["engine core"])
+        _flushed(times, engine_core[0])  # the start's warm-up runs
+
+    row = deploy_and_measure("served", LLMOPT, {"PYTHONPATH": str(TIMER_DIR), phase_timer.ENV: str(times)}, ready, MODEL,
+                             after_level=lambda level: {f"phases_c{level}": _flushed(times, engine_core[0])})
+    return [{"mode": "served", "batch": level, "phases": row[f"phases_c{level}"], "out_tok_s": row[f"out_tok_s_c{level}"]}
+            for level in LEVELS]
 
 
 def offline(out: Path) -> None:

@@ -44,15 +44,15 @@ class Timer:
     def __init__(self) -> None:
         self.wall: dict[str, list[float]] = {name: [] for _, name in PHASES}
         self.cpu: dict[str, list[float]] = {name: [] for _, name in PHASES}
-        self._originals: dict[str, tuple[type, str, object]] = {}
+        self._installed: set[str] = set()
 
-    def install(self, import_modules: bool = False) -> bool:
-        """Wrap what is imported now (with `import_modules`, everything); True once every phase is.
+    def install(self, import_modules: bool = False) -> None:
+        """Wrap what is imported now (with `import_modules`, everything), again until every phase is.
         Install before the engine is made: vLLM's engine core binds its step method then."""
         for module, name in PHASES:
             if import_modules:
                 importlib.import_module(module)
-            if name in self._originals or module not in sys.modules:
+            if name in self._installed or module not in sys.modules:
                 continue
             class_name, attribute = name.split(".")
             owner = getattr(sys.modules[module], class_name, None)
@@ -69,16 +69,10 @@ class Timer:
                     _cpu.append(time.thread_time() - cpu)
 
             setattr(owner, attribute, timed)
-            self._originals[name] = (owner, attribute, method)
-        return len(self._originals) == len(PHASES)
+            self._installed.add(name)
 
     def installed(self, name: str) -> bool:
-        return name in self._originals
-
-    def remove(self) -> None:
-        for owner, attribute, method in self._originals.values():
-            setattr(owner, attribute, method)
-        self._originals.clear()
+        return name in self._installed
 
     def take(self) -> dict[str, dict[str, float]]:
         """Median milliseconds a call, wall and CPU, and the calls, by phase called; then forgets them."""

@@ -4,7 +4,7 @@ a server, whose forked engine core then times vLLM's phases (`phase_timer`)."""
 import os
 from pathlib import Path
 
-if os.environ.get("LLMOPT_PHASE_TIMES"):  # phase_timer.ENV, not imported unless asked
-    import phase_timer
+import phase_timer  # the standard library's only
 
+if os.environ.get(phase_timer.ENV):
     phase_timer.serve_in_background(Path(os.environ[phase_timer.ENV]))
