@@ -56,21 +56,16 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return round(((out.float() - ref).abs().max() / ref.abs().max()).item(), 4)
 
 
-def _linear(op: Callable[..., None], x: torch.Tensor, packed: torch.Tensor, n: int, *flags: bool) -> torch.Tensor:
-    """A packed-weight op called directly, not through vLLM's Python wrapper, which
-    `small_batch_linear.use` points at llmopt's kernel: vLLM's `_C::weight_packed_linear` (its
-    last flag: the weights are packed) or `llmopt::small_batch_linear`."""
+def vllm_packed(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """vLLM's `_C::weight_packed_linear` called directly (its last flag: the weights are packed),
+    not through vLLM's Python wrapper, which `small_batch_linear.use` points at llmopt's kernel."""
     out = torch.empty((x.shape[0], n), dtype=x.dtype)
-    op(out, x, packed, None, *flags)
+    torch.ops._C.weight_packed_linear(out, x, packed, None, True)
     return out
 
 
-def vllm_packed(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    return _linear(torch.ops._C.weight_packed_linear, x, packed, n, True)
-
-
 def small_batch(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    return _linear(torch.ops.llmopt.small_batch_linear, x, packed, n)
+    return torch.ops.llmopt.small_batch_linear(x, packed, None, n)
 
 
 def bf16(m: int, n: int, k: int, zentorch: bool = False) -> dict[str, float]:

@@ -21,7 +21,7 @@ import safetensors.torch
 import llmopt
 from llmopt import Compilation, Recipe
 from llmopt import artifact, endpoints, hashing, paths, sources
-from llmopt.engine import compile_cache, platform, vllm
+from llmopt.engine import compile_cache, kernels, platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.evaluation import quality
 from llmopt.jobs import store
@@ -184,7 +184,7 @@ def _key(tmp: Path, weights: dict[str, np.ndarray] | None = None, config: dict |
     return compile_cache.key_of(compile_cache.components(folder, EngineConfig(**(settings or {})), hw, engine, torch))
 
 
-def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
+def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     base = _key(tmp_path)
     cpu = dict(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, gpu=None)
     changed = {
@@ -215,6 +215,11 @@ def test_every_component_of_the_key_matters(tmp_path: Path) -> None:
     assert _key(tmp_path, hw=amx, settings={"linear_kernels": "packed"}) != _key(tmp_path, hw=amx)
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": platform.default_linear_kernels(no_amx)}) == _key(tmp_path, hw=no_amx)
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"}) != _key(tmp_path, hw=no_amx, settings={"linear_kernels": "packed"})
+    # and llmopt's is called by its library's schema: another build of it is another entry
+    built_here = _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"})
+    monkeypatch.setattr(kernels, "library_path", lambda: Path("llmopt-kernels-0123456789abcdef-torch-vllm.so"))
+    assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"}) != built_here
+    monkeypatch.undo()
     # the weights' values are inputs of the compiled graphs: other values, as a quantization with
     # other calibration data gives, share the entry (a file that is no safetensors counts by content)
     assert _key(tmp_path, weights={"w": np.ones((2, 3), np.float32), "k_scale": np.array([1.0], np.float32)}) == base

@@ -19,6 +19,7 @@ import llmopt
 from llmopt.engine.vllm import free_port
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import loadgen, workload
+from llmopt.evaluation.results import Ratio
 from llmopt.evaluation import stub as stub_server
 
 from conftest import assert_one_line_error, run_cli
@@ -70,18 +71,30 @@ def test_sweep_against_the_real_engine(endpoint, tmp_path: Path) -> None:
 @pytest.mark.engine
 def test_a_target_against_its_own_copy_is_no_measurable_difference(smol, baseline, tmp_path: Path) -> None:
     """The baseline artifact holds the source's weights bit for bit: every throughput ratio on equal
-    work has an interval that spans 1, shown as no measurable difference."""
+    work has an interval that spans 1, shown as no measurable difference. The intervals' floor is
+    the spread between deployments measured on these machines (95% of pairs within 15-23%), so a
+    pair of deployments lands outside it now and then (once in CI: the source 1.40x slower than
+    its copy, passing alone right after); a difference between identical weights must then show
+    again in a second comparison to fail, which a real bias in the comparison would."""
     out = tmp_path / "compare"
-    results = llmopt.evaluate(compare=[smol.id, str(baseline.artifact)], concurrency=[1], requests=8, min_duration_s=0,
-                              output=out)
+
+    def compared() -> tuple[llmopt.EvaluationResults, list[Ratio]]:
+        results = llmopt.evaluate(compare=[smol.id, str(baseline.artifact)], concurrency=[1], requests=8, min_duration_s=0,
+                                  output=out)
+        (level,) = results.comparison.targets[0].levels
+        ratios = [level.requests_per_s, level.output_tokens_per_s, level.total_tokens_per_s, level.blended_price]
+        return results, ratios
+
+    results, ratios = compared()
+    if any(ratio.measurable for ratio in ratios):
+        results, ratios = compared()
     assert [t.kind for t in results.targets] == ["deployed", "deployed"]
     reference, copy = results.targets
     lengths = {s.prompt: s.served_tokens for s in reference.equal_work[0].requests}
     assert all(s.served_tokens == lengths[s.prompt] for s in copy.equal_work[0].requests)  # equal work, request by request
     row = results.comparison.targets[0]
     assert row.reference == smol.id and row.label == baseline.artifact.name
-    (level,) = row.levels
-    for ratio in (level.requests_per_s, level.output_tokens_per_s, level.total_tokens_per_s, level.blended_price):
+    for ratio in ratios:
         assert ratio.leg == "equal work" and not ratio.measurable, ratio
     for target in results.targets:  # each leg prefills from a cold prefix cache (a cached one took a sixth of the time)
         assert target.equal_work[0].ttft_ms.p50 > 0.6 * target.levels[0].ttft_ms.p50, target.label

@@ -26,7 +26,7 @@ from typing import IO, Any, Literal
 from pydantic import BaseModel
 
 from llmopt import hashing, paths
-from llmopt.engine import platform, vllm
+from llmopt.engine import kernels, platform, vllm
 from llmopt.engine.config import EngineConfig
 
 SCHEMA = 4  # 4: weights by layout (3: by content; vLLM's saved compiled model; 2: Inductor's FX-graph cache only)
@@ -115,7 +115,9 @@ def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardwa
     has its paths located."""
     relevant = config.model_dump(mode="json", exclude=set(IRRELEVANT_SETTINGS))
     if hw.device == "cpu":  # the kernels chosen here are ops in the traced graph
-        relevant["linear_kernels"] = vllm.linear_kernels(config, hw)
+        linear = vllm.linear_kernels(config, hw)
+        # and llmopt's is called by its library's schema: a changed library compiles anew
+        relevant["linear_kernels"] = f"{linear} {kernels.library_path().name}" if linear == "llmopt" else linear
     spec = relevant.get("speculative")
     if spec:
         spec = {k: v for k, v in spec.items() if k not in UNCOMPILED_SPECULATION}

@@ -108,21 +108,23 @@ void vllm_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
   op.call(out, x, packed, bias, true);
 }
 
-void small_batch_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
-                        const std::optional<at::Tensor>& bias) {
+// Functional (returns its output, mutates nothing): in vLLM's traced graph a mutating op becomes an
+// auto_functionalized node that Inductor's post-grad passes take apart again, each time rescanning
+// the graph, which made a cold compile of a bf16 model with 121 of these slower (benchmarks/README.md).
+at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                              int64_t n_out) {
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 2, "llmopt::small_batch_linear takes 2-D inputs and packed weights");
   // Anything else, or anything malformed, goes to vLLM's kernel, which checks its arguments.
-  if (x.dim() != 2 || packed.dim() != 2 || out.dim() != 2) {
-    return vllm_packed(out, x, packed, bias);
-  }
   const int64_t m = x.size(0), k = x.size(1), n = packed.size(0);
-  const bool ours = x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 &&
-                    out.scalar_type() == at::kBFloat16 && m <= kMaxRows && packed.size(1) == k && k % 2 == 0 &&
-                    n % 16 == 0 && x.stride(1) == 1 && x.stride(0) % 2 == 0 && out.size(0) == m && out.size(1) == n &&
-                    out.is_contiguous() && packed.is_contiguous() &&
+  at::Tensor out = at::empty({m, n_out}, x.options());
+  const bool ours = x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 && m <= kMaxRows &&
+                    packed.size(1) == k && k % 2 == 0 && n % 16 == 0 && n == n_out && x.stride(1) == 1 &&
+                    x.stride(0) % 2 == 0 && packed.is_contiguous() &&
                     (!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->numel() == n &&
                                            bias->is_contiguous()));
   if (!ours) {
-    return vllm_packed(out, x, packed, bias);
+    vllm_packed(out, x, packed, bias);
+    return out;
   }
   const at::BFloat16* a = x.data_ptr<at::BFloat16>();
   const at::BFloat16* b = packed.data_ptr<at::BFloat16>();
@@ -142,12 +144,13 @@ void small_batch_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
       }
     }
   });
+  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(llmopt, m) {
-  m.def("small_batch_linear(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
+  m.def("small_batch_linear(Tensor x, Tensor packed, Tensor? bias, SymInt n) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llmopt, CPU, m) {

@@ -27,16 +27,17 @@ CHECKED_ROWS = (1, 2, 4, 5, 8, 9, 16, 17, 40, MAX_ROWS, MAX_ROWS + 1)
 
 
 def use(path: str | Path) -> None:
-    """Have vLLM's packed bf16 layers call `torch.ops.llmopt.small_batch_linear` in this process."""
+    """Have vLLM's packed bf16 layers call `torch.ops.llmopt.small_batch_linear` in this process.
+    The op returns its output, where vLLM's writes into one it is given: a cold compile of a bf16
+    model takes apart no writing op per linear layer (0.83x the start, `benchmarks/README.md`)."""
     import torch
     from vllm import _custom_ops as ops
 
     kernels.load(path)
 
     def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-        output = torch.empty((*x.shape[0:-1], n), dtype=x.dtype)
-        torch.ops.llmopt.small_batch_linear(output.reshape(-1, n), x.reshape(-1, x.size(-1)), packed_weight, bias)
-        return output
+        output = torch.ops.llmopt.small_batch_linear(x.reshape(-1, x.size(-1)), packed_weight, bias, n)
+        return output.reshape(*x.shape[0:-1], n)
 
     ops.weight_packed_linear_cpu = packed_linear  # looked up by name at every call, traced once
 
