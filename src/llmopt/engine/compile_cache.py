@@ -44,7 +44,8 @@ KERNELS_DIR = ".kernels"  # Inductor's compiled C++ kernels by Inductor's name f
 # Speculation settings that change no compiled graph: how many tokens are proposed and how they are
 # looked up only change how many tokens a step verifies, a dynamic shape (vLLM's own key for its
 # saved model keeps the method's kind and the draft's config, not these, on CPU; on a GPU its key
-# also holds CUDA-graph sizes derived from them, and a start there reports "partly compiled")
+# also holds CUDA-graph sizes derived from them, and a start there reports "partly compiled"). n-gram
+# speculation itself changes no graph either: its entry is the plain model's.
 UNCOMPILED_SPECULATION = frozenset({"num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "schedule"})
 
 
@@ -121,7 +122,10 @@ def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardwa
     spec = relevant.get("speculative")
     if spec:
         spec = {k: v for k, v in spec.items() if k not in UNCOMPILED_SPECULATION}
-        relevant["speculative"] = {**spec, "model": weights_layout(Path(spec["model"]))} if spec.get("model") else spec
+        if spec.get("model"):
+            relevant["speculative"] = {**spec, "model": weights_layout(Path(spec["model"]))}
+        else:  # n-gram proposes outside the model: its graph is the plain one (and so is vLLM's key, engine/serve.py)
+            relevant["speculative"] = None if spec.get("method") == "ngram" else spec
     return {
         "schema": SCHEMA,
         "weights": weights_layout(model_path),

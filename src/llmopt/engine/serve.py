@@ -56,6 +56,37 @@ def _finalized_as_loaded() -> None:
         BundledAOTAutogradSerializableCallable.finalize_loading = lambda self, vllm_config: None
 
 
+def _ngram_keyed_as_plain() -> None:
+    """n-gram speculation proposes tokens from the prompt, outside the model: the model's graph is
+    the plain one (vLLM's own hash of n-gram settings is one constant, whatever they are), yet
+    vLLM keys its saved model by that hash and by a data-parallel synchronisation flag that follows
+    from it. Keyed here as without speculation, a model's plain and n-gram starts share one saved
+    model, as they share llmopt's compile-cache entry (`compile_cache.components`): the second
+    compile of SmoothQuant in the main job's speculation sweep took about 35 s, with every C++
+    kernel reused. Sharing only saves compiles; a key that still differs compiles, as before."""
+    import copy
+
+    from vllm.compilation import caching
+
+    keyed = caching.aot_compile_hash_factors
+    if getattr(keyed, "llmopt_ngram_as_plain", False):
+        return
+
+    def factors(vllm_config: Any) -> list[str]:
+        spec = vllm_config.speculative_config
+        if spec is None or spec.method != "ngram":
+            return keyed(vllm_config)
+        plain = copy.copy(vllm_config)
+        parallel = copy.copy(vllm_config.parallel_config)
+        object.__setattr__(parallel, "disable_nccl_for_dp_synchronization", True)  # as without speculation
+        object.__setattr__(plain, "parallel_config", parallel)
+        object.__setattr__(plain, "speculative_config", None)
+        return keyed(plain)
+
+    factors.llmopt_ngram_as_plain = True  # type: ignore[attr-defined]
+    caching.aot_compile_hash_factors = factors  # imported by name when a model is first called
+
+
 def _packed_linear_kernels() -> None:
     import torch
     from vllm.logger import init_logger
@@ -167,6 +198,7 @@ def kernels_from_environment() -> None:
 
 
 _finalized_as_loaded()
+_ngram_keyed_as_plain()
 if __name__ in ("__main__", "__mp_main__"):
     kernels_from_environment()
     if os.environ.get(INDUCTOR_KERNELS_ENV):
