@@ -65,6 +65,7 @@ def vllm_packed(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def small_batch(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """llmopt's op, which returns its output (`engine/small_batch_linear.cpp`)."""
     return torch.ops.llmopt.small_batch_linear(x, packed, None, n)
 
 

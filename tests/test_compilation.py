@@ -217,9 +217,9 @@ def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"}) != _key(tmp_path, hw=no_amx, settings={"linear_kernels": "packed"})
     # and llmopt's is called by its library's schema: another build of it is another entry
     built_here = _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"})
-    monkeypatch.setattr(kernels, "library_path", lambda: Path("llmopt-kernels-0123456789abcdef-torch-vllm.so"))
-    assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"}) != built_here
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:
+        patched.setattr(kernels, "library_path", lambda: Path("llmopt-kernels-0123456789abcdef-torch-vllm.so"))
+        assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"}) != built_here
     # the weights' values are inputs of the compiled graphs: other values, as a quantization with
     # other calibration data gives, share the entry (a file that is no safetensors counts by content)
     assert _key(tmp_path, weights={"w": np.ones((2, 3), np.float32), "k_scale": np.array([1.0], np.float32)}) == base

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import httpx
@@ -75,7 +76,8 @@ def test_a_target_against_its_own_copy_is_no_measurable_difference(smol, baselin
     the spread between deployments measured on these machines (95% of pairs within 15-23%), so a
     pair of deployments lands outside it now and then (once in CI: the source 1.40x slower than
     its copy, passing alone right after); a difference between identical weights must then show
-    again in a second comparison to fail, which a real bias in the comparison would."""
+    again in a second comparison to fail (a bias that crosses the floor every time still fails; the
+    first reading is kept as a warning, so a flake stays visible)."""
     out = tmp_path / "compare"
 
     def compared() -> tuple[llmopt.EvaluationResults, list[Ratio]]:
@@ -87,6 +89,7 @@ def test_a_target_against_its_own_copy_is_no_measurable_difference(smol, baselin
 
     results, ratios = compared()
     if any(ratio.measurable for ratio in ratios):
+        warnings.warn(f"identical weights compared measurably different, compared again: {ratios}")
         results, ratios = compared()
     assert [t.kind for t in results.targets] == ["deployed", "deployed"]
     reference, copy = results.targets

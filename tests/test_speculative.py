@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 import llmopt
 from llmopt import Calibration, DraftModel, NGram, Recipe, SmoothQuant, SpeculationSweep
 from llmopt import artifact, corpus, endpoints, roofline
-from llmopt.engine import vllm
+from llmopt.engine import compile_cache, vllm
 from llmopt.engine.config import BatchTokens, SpeculativeConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
@@ -138,6 +138,17 @@ def _assert_lossless(manifest: artifact.Manifest, baseline: llmopt.Job, endpoint
                                  base, spec_tokens)
     assert all(d["tie"] for d in parted), (agreement, parted)
     assert agreement.identical_outputs >= 0.5, (agreement, parted)
+
+
+@pytest.mark.engine
+def test_ngram_starts_share_the_plain_models_compile(ngram_job: llmopt.Job) -> None:
+    """n-gram proposes outside the model: the job's sweep served its artifact without and then with
+    n-gram, and both starts, and the measuring one, used one compile-cache entry holding one saved
+    model, which vLLM keys by the speculation settings too (engine/serve.py keys it as plain)."""
+    start = artifact.load(ngram_job.artifact).metrics.start
+    assert start.outcome == "precompiled", start
+    saved = compile_cache.root() / start.key / "vllm" / "torch_compile_cache" / "torch_aot_compile"
+    assert len(list(saved.iterdir())) == 1, sorted(p.name for p in saved.iterdir())
 
 
 @pytest.mark.engine

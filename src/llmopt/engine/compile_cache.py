@@ -111,9 +111,9 @@ def _tensor_layout(path: Path) -> dict[str, Any]:
 def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardware, engine: tuple[str, str],
                torch_version: str) -> dict[str, Any]:
     """Everything a compiled artifact depends on: the weights' layout (and so the quantization), the
-    settings that shape the graphs (lengths, batch, dtypes, tensor parallelism, the speculation
-    method and its draft), the engine and torch versions, and the CPU flags or GPU kind. `config`
-    has its paths located."""
+    settings that shape the graphs (lengths, batch, dtypes, tensor parallelism, a draft model; not
+    n-gram speculation, which leaves the model's graph plain), the engine and torch versions, the
+    linear kernels' build, and the CPU flags or GPU kind. `config` has its paths located."""
     relevant = config.model_dump(mode="json", exclude=set(IRRELEVANT_SETTINGS))
     if hw.device == "cpu":  # the kernels chosen here are ops in the traced graph
         linear = vllm.linear_kernels(config, hw)

@@ -61,14 +61,16 @@ def _ngram_keyed_as_plain() -> None:
     the plain one (vLLM's own hash of n-gram settings is one constant, whatever they are), yet
     vLLM keys its saved model by that hash and by a data-parallel synchronisation flag that follows
     from it. Keyed here as without speculation, a model's plain and n-gram starts share one saved
-    model, as they share llmopt's compile-cache entry (`compile_cache.components`): the second
-    compile of SmoothQuant in the main job's speculation sweep took about 35 s, with every C++
-    kernel reused. Sharing only saves compiles; a key that still differs compiles, as before."""
+    model, as they share llmopt's compile-cache entry (`compile_cache.components`), and the main
+    job's sweep compiles once. Sharing only saves compiles: a key that still differs compiles."""
     import copy
 
-    from vllm.compilation import caching
+    try:
+        from vllm.compilation import caching
 
-    keyed = caching.aot_compile_hash_factors
+        keyed = caching.aot_compile_hash_factors
+    except (ImportError, AttributeError):  # another vLLM: its starts compile as it keys them
+        return
     if getattr(keyed, "llmopt_ngram_as_plain", False):
         return
 

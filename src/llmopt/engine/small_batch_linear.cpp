@@ -114,7 +114,7 @@ void vllm_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                               int64_t n_out) {
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 2, "llmopt::small_batch_linear takes 2-D inputs and packed weights");
-  // Anything else, or anything malformed, goes to vLLM's kernel, which checks its arguments.
+  // Other dtypes, more rows, other shapes or strides go to vLLM's kernel, which checks its arguments.
   const int64_t m = x.size(0), k = x.size(1), n = packed.size(0);
   at::Tensor out = at::empty({m, n_out}, x.options());
   const bool ours = x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 && m <= kMaxRows &&
