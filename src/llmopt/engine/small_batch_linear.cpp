@@ -110,7 +110,7 @@ void vllm_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
 
 // Functional (returns its output, mutates nothing): in vLLM's traced graph a mutating op becomes an
 // auto_functionalized node that Inductor's post-grad passes take apart again, each time rescanning
-// the graph, which made a cold compile of a bf16 model with 121 of these slower (benchmarks/README.md).
+// the graph, which made a cold compile of a bf16 model with 120 of these slower (benchmarks/README.md).
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                               int64_t n_out) {
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 2, "llmopt::small_batch_linear takes 2-D inputs and packed weights");
