@@ -69,7 +69,7 @@ def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llm
     key = artifact.verify(compiled.artifact).metrics.compilation.key
     entry = compile_cache.root() / key
     before = _compiled_code(entry)
-    loose_sockets = _loose_sockets()
+    loose_sockets, loose_stores = _loose_sockets(), _loose_stores()
     result = run_cli("deploy", str(compiled.artifact), "--name", "compiled-ep")
     assert result.returncode == 0, result.stderr
     sockets = Path(psutil.Process(llmopt.get_endpoint("compiled-ep").pid).environ()[vllm.SOCKETS_ENV])
@@ -87,14 +87,20 @@ def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llm
         greedy = quality.greedy_tokens(endpoint.url, endpoint.served_name)
         assert greedy == artifact.verify(baseline.artifact).metrics.greedy_tokens
         assert any(p.is_socket() for p in sockets.iterdir()), "vLLM's ZeroMQ sockets are in the server's own folder"
+        assert list(sockets.glob("vllm_dist_*")), "vLLM's rendezvous file is there too"
     finally:
         assert run_cli("endpoints", "stop", "compiled-ep").returncode == 0
     assert not sockets.exists(), "`endpoints stop` removes the server's socket folder"
     assert _loose_sockets() <= loose_sockets, "no socket is left in the temporary folder itself"
+    assert _loose_stores() <= loose_stores, "nor a rendezvous file"
 
 
 def _loose_sockets() -> set[Path]:
     return {p for p in Path(tempfile.gettempdir()).iterdir() if p.is_socket()}
+
+
+def _loose_stores() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("vllm_dist_*"))
 
 
 @pytest.mark.engine

@@ -1,8 +1,9 @@
 """vLLM's OpenAI server as llmopt starts it on this machine: vLLM's own server, with a
 compatibility fix so that a precompiled start loads the model vLLM compiled and saved before,
 vLLM's packed-weight linear kernels where llmopt chose them, on CPU its engine core forked
-rather than spawned, and Inductor's compiled C++ kernels shared between compile-cache entries
-(`_shared_inductor_kernels`).
+rather than spawned, Inductor's compiled C++ kernels shared between compile-cache entries
+(`_shared_inductor_kernels`), and vLLM's rendezvous file kept with its sockets, in the folder that
+goes with the server (`_rendezvous_in_socket_folder`).
 
 vLLM saves a compiled model whole (Dynamo's trace and Inductor's code, `VLLM_USE_AOT_COMPILE`).
 On CPU, vLLM 0.32 compiles with the stock "inductor" backend, whose saved function is torch's
@@ -87,6 +88,31 @@ def _ngram_keyed_as_plain() -> None:
 
     factors.llmopt_ngram_as_plain = True  # type: ignore[attr-defined]
     caching.aot_compile_hash_factors = factors  # imported by name when a model is first called
+
+
+def _rendezvous_in_socket_folder() -> None:
+    """vLLM sets up even a one-process group through a file it makes in the temporary folder,
+    named by UUID, and never removes: one a start, about 750 over a few days of this project's
+    tests. It goes where vLLM makes its ZeroMQ sockets instead: the folder llmopt gives each server
+    (`vllm.socket_folder`), removed when the server stops, or swept once it is gone."""
+    import sys
+    import uuid
+
+    try:
+        from vllm import envs
+        from vllm.utils import network_utils
+    except ImportError:  # another vLLM: the file stays where it puts it
+        return
+    if not hasattr(network_utils, "get_file_store_init_method"):
+        return
+
+    def in_socket_folder() -> str:
+        return f"file://{envs.VLLM_RPC_BASE_PATH}/vllm_dist_{uuid.uuid4().hex}"
+
+    # the executors import it by name: those imported later take this one, any imported already are set
+    for name in ("vllm.utils.network_utils", "vllm.v1.executor.uniproc_executor", "vllm.v1.executor.multiproc_executor"):
+        if hasattr(sys.modules.get(name), "get_file_store_init_method"):
+            sys.modules[name].get_file_store_init_method = in_socket_folder
 
 
 def _packed_linear_kernels() -> None:
@@ -201,6 +227,7 @@ def kernels_from_environment() -> None:
 
 _finalized_as_loaded()
 _ngram_keyed_as_plain()
+_rendezvous_in_socket_folder()
 if __name__ in ("__main__", "__mp_main__"):
     kernels_from_environment()
     if os.environ.get(INDUCTOR_KERNELS_ENV):
