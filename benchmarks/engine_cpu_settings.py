@@ -38,7 +38,7 @@ import llmopt
 from decode_profile import server_pids
 from llmopt import EngineConfig
 from llmopt.engine import kernels, vllm
-from llmopt.engine.platform import SPAWNED_CORE_ENV
+from llmopt.engine.platform import SPAWNED_CORE_ENV, VLLM_ATTENTION_CALLS_ENV
 
 LLMOPT = EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni")  # packed linear kernels where chosen
 CORES = sorted(os.sched_getaffinity(0))
@@ -54,6 +54,8 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     # vLLM's packed-weight kernels alone, without llmopt's small-batch kernel for 1 to 64 rows
     "llmopt, vLLM's packed kernels alone": (LLMOPT.model_copy(update={"linear_kernels": "packed"}), {}, None),
     "llmopt, vLLM's attention": (LLMOPT.model_copy(update={"attention_kernel": "vllm"}), {}, None),
+    # vLLM's CPU attention backend's own methods around its kernels, not llmopt's lean ones (attention_calls)
+    "llmopt, vLLM's attention calls": (LLMOPT, {VLLM_ATTENTION_CALLS_ENV: "1"}, None),
     # one OpenMP thread: the model's threads no longer wait at each parallel loop's barrier for a
     # thread the front end has taken the other core from
     "one model thread (1 reserved, preload, no worker)": (LLMOPT.model_copy(update={"reserved_cpus": 1}), {}, None),

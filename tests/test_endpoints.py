@@ -16,7 +16,7 @@ import pytest
 
 import llmopt
 from llmopt import client, endpoints, procs
-from llmopt.engine import kernels, platform, prefill_attention, small_batch_linear, vllm
+from llmopt.engine import attention_calls, kernels, platform, prefill_attention, small_batch_linear, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -128,7 +128,7 @@ def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, e
 def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> None:
     """Without AMX, vLLM's packed-weight kernels (the engine's log says so), with llmopt's small-batch
     kernel and prefill attention where they are built (loaded in the engine core, where the model
-    runs); with AMX, vLLM's choice."""
+    runs); with AMX, vLLM's choice. Its attention layers, on CPU, through llmopt's lean calls."""
     hw = platform.detect()
     chosen = vllm.linear_kernels(EngineConfig(), hw)
     packed = chosen in ("packed", "llmopt")
@@ -146,7 +146,8 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     mapped = {Path(m.path).name for m in core.memory_maps(grouped=False)}
     attention = vllm.attention_kernel(EngineConfig(), hw)
     assert (kernels.library_path().name in mapped) == ("llmopt" in (chosen, attention)), (chosen, attention)
-    for line, used in (("small-batch bf16 linear kernel", chosen == "llmopt"), ("bf16 prefill attention kernel", attention == "llmopt")):
+    for line, used in (("small-batch bf16 linear kernel", chosen == "llmopt"), ("bf16 prefill attention kernel", attention == "llmopt"),
+                       (attention_calls.LINE, hw.device == "cpu")):
         said = [entry for entry in log if line in entry]
         assert len(said) == used and all(entry.startswith("(EngineCore") for entry in said), said
 

@@ -1,9 +1,10 @@
 """llmopt's kernels against the vLLM kernels they stand in for: the small-batch linear kernel gives
 vLLM's packed kernel's bits for every row count, bias or none, strided inputs, traced by
 torch.compile; the prefill attention kernel agrees with vLLM's CPU attention within bf16's rounding
-and is as close to exact attention; and the library's build failures are said in one line. The
-engine tests serve every model through them where they are the engine's choice (test_endpoints
-checks that the engine core loaded them)."""
+and is as close to exact attention; the lean attention calls (`attention_calls`) give vLLM's
+backend methods' bits; and the library's build failures are said in one line. The engine tests
+serve every model through them where they are the engine's choice (test_endpoints checks that the
+engine core loaded them)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,79 @@ def test_the_prefill_attention_agrees_with_vllms_and_with_exact_attention() -> N
     assert done.returncode == 0, done.stderr[-3000:]
     calls = len(prefill_attention.CHECKED_HEADS) * (len(prefill_attention.CHECKED_REQUESTS) + len(prefill_attention.HANDED_OVER))
     assert done.stdout.split()[-1] == str(calls)
+
+
+LEAN_CALLS = """
+import sys
+from types import SimpleNamespace
+import torch, vllm._C
+from vllm import _custom_ops as ops
+from vllm.v1.attention.backends import cpu_attn
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl as Impl, CPUAttentionMetadata
+from llmopt.engine import attention_calls, kernels, prefill_attention
+attention_calls.use()
+methods = {"vllm": Impl.llmopt_vllm_methods, "lean": (Impl.forward, Impl.do_kv_cache_update)}
+generator = torch.Generator().manual_seed(0)
+isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
+layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
+heads, kv_heads, size, block = 9, 3, 64, 128
+# the backend asks the engine's settings only for the model's dtype (encoder attention's kernel)
+cpu_attn.get_current_vllm_config = lambda: SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16))
+impl = Impl(heads, size, size ** -0.5, kv_heads, None, None, "auto")
+checked = 0
+for prefill_kernel in (False, True):
+    if prefill_kernel:  # steps that carry a prompt then go to llmopt's kernel, through either method
+        if sys.argv[1] != "1":
+            break
+        prefill_attention.use(kernels.build())
+    for requests in (((1, 40),), ((1, 130), (1, 7), (1, 300), (1, 64)), ((20, 20),), ((1, 90), (17, 17), (3, 260))):
+        for padding in (0, 3):  # rows past the step's tokens, which neither method touches
+            counts = [-(-length // block) for _, length in requests]
+            table = torch.zeros(len(requests), max(counts), dtype=torch.int32)
+            order = torch.randperm(sum(counts) + 1, generator=generator).int()
+            starts, slots = [0], []
+            for row, (queries, length) in enumerate(requests):
+                table[row, :counts[row]] = order[sum(counts[:row]):sum(counts[:row]) + counts[row]]
+                starts.append(starts[-1] + queries)
+                slots += [int(table[row, p // block]) * block + p % block for p in range(length - queries, length)]
+            tokens = starts[-1]
+            seq_lens, query_start = torch.tensor([l for _, l in requests], dtype=torch.int32), torch.tensor(starts, dtype=torch.int32)
+            plan = ops.cpu_attn_get_scheduler_metadata(len(requests), heads, kv_heads, size, seq_lens, torch.bfloat16,
+                                                       query_start, True, -1, isa, True)
+            metadata = CPUAttentionMetadata(num_actual_tokens=tokens, max_query_len=max(q for q, _ in requests),
+                                            query_start_loc=query_start, max_seq_len=int(seq_lens.max()), seq_lens=seq_lens,
+                                            block_table=table, slot_mapping=torch.tensor(slots, dtype=torch.int64),
+                                            scheduler_metadata=plan, causal=True)
+            cache = torch.randn(sum(counts) + 1, kv_heads, block, 2 * size, dtype=torch.bfloat16, generator=generator)
+            query = torch.randn(tokens + padding, heads, size, dtype=torch.bfloat16, generator=generator)
+            key, value = (torch.randn(tokens + padding, kv_heads, size, dtype=torch.bfloat16, generator=generator) for _ in "kv")
+            found = {}
+            for name, (forward, update) in methods.items():
+                kv_cache, output = cache.clone(), torch.full_like(query, 7.0)
+                update(impl, layer, key[:tokens], value[:tokens], kv_cache, metadata.slot_mapping)
+                assert forward(impl, layer, query, key, value, kv_cache, metadata, output) is output
+                found[name] = (kv_cache, output)
+            assert torch.equal(found["vllm"][0], found["lean"][0]), (requests, padding, "cache")
+            assert torch.equal(found["vllm"][1], found["lean"][1]), (requests, padding, "output")
+            assert not torch.equal(found["lean"][1][:tokens], torch.full_like(query[:tokens], 7.0))
+            assert torch.equal(found["lean"][1][tokens:], torch.full_like(query[tokens:], 7.0))
+            checked += 1
+untouched = torch.full_like(query, 7.0)
+assert Impl.forward(impl, layer, query, key, value, cache, None, untouched) is untouched  # a warm-up: no metadata
+assert torch.equal(untouched, torch.full_like(query, 7.0))
+print(checked)
+"""
+
+
+def test_the_lean_attention_calls_give_vllms_bits() -> None:
+    """Decode steps, a prompt, mixed steps, with rows past the step's tokens: the KV cache and the
+    outputs the lean methods leave are vLLM's methods' to the bit, with vLLM's kernel alone and,
+    where it runs, with llmopt's prefill attention taking the steps that carry a prompt."""
+    applies = platform.llmopt_kernels_apply(HW)
+    done = subprocess.run([sys.executable, "-c", LEAN_CALLS, "1" if applies else "0"], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == str(16 if applies else 8)
 
 
 def test_a_build_without_a_compiler_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:

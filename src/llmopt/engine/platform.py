@@ -25,6 +25,7 @@ PACKED_LINEAR_ENV = "LLMOPT_PACKED_LINEAR"  # set: llmopt's server module gives 
 INDUCTOR_KERNELS_ENV = "LLMOPT_INDUCTOR_KERNELS"  # a folder: the server shares Inductor's compiled C++ kernels there
 KERNEL_REUSED_LINE = "llmopt: Inductor's C++ kernel reused from an earlier compile"  # the server logs one a kernel
 SPAWNED_CORE_ENV = "LLMOPT_SPAWNED_ENGINE_CORE"  # set: its engine core is spawned, as vLLM's CPU platform does (benchmarks)
+VLLM_ATTENTION_CALLS_ENV = "LLMOPT_VLLM_ATTENTION_CALLS"  # "1": vLLM's attention methods, not `attention_calls` (benchmarks)
 TCMALLOC_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
     "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",

@@ -53,7 +53,7 @@ def use(path: str | Path) -> None:
         logger.warning("llmopt: its prefill attention is for processors without AMX; vLLM's attention stays")
         return
     kernels.load(path)
-    op, vllms = torch.ops.llmopt.prefill_attention, torch.ops._C.cpu_attention_with_kv_cache
+    op, vllms = torch.ops.llmopt.prefill_attention.default, torch.ops._C.cpu_attention_with_kv_cache.default
 
     def attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, output: torch.Tensor,
                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, causal: bool,
@@ -70,6 +70,7 @@ def use(path: str | Path) -> None:
                sliding_window, block_table, softcap, scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale,
                kv_cache_dtype)
 
+    attention.llmopt_prefill_attention = True  # type: ignore[attr-defined]  # so `attention_calls` calls it
     ops.cpu_attention_with_kv_cache = attention  # looked up by name at every call
 
 

@@ -42,8 +42,9 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from llmopt.engine import kernels, prefill_attention, small_batch_linear
-from llmopt.engine.platform import INDUCTOR_KERNELS_ENV, KERNEL_REUSED_LINE, PACKED_LINEAR_ENV, SPAWNED_CORE_ENV
+from llmopt.engine import attention_calls, kernels, prefill_attention, small_batch_linear
+from llmopt.engine.platform import (INDUCTOR_KERNELS_ENV, KERNEL_REUSED_LINE, PACKED_LINEAR_ENV, SPAWNED_CORE_ENV,
+                                   VLLM_ATTENTION_CALLS_ENV)
 
 
 def _finalized_as_loaded() -> None:
@@ -214,8 +215,9 @@ def _shared_inductor_kernels(folder: str) -> None:
 
 
 def kernels_from_environment() -> None:
-    """The kernels llmopt's environment asks for, in this process: the engine core's (a forked core
-    inherits them) or a benchmark's that runs vLLM's offline API."""
+    """The kernels llmopt's environment asks for, and the lean attention calls (`attention_calls`),
+    in this process: the engine core's (a forked core inherits them) or a benchmark's that runs
+    vLLM's offline API."""
     library = os.environ.get(kernels.LIBRARY_ENV)
     if os.environ.get(PACKED_LINEAR_ENV) == "1":
         _packed_linear_kernels()
@@ -223,6 +225,8 @@ def kernels_from_environment() -> None:
             small_batch_linear.use(library)
     if library and os.environ.get(prefill_attention.ENV) == "1":
         prefill_attention.use(library)
+    if os.environ.get(VLLM_ATTENTION_CALLS_ENV) != "1":
+        attention_calls.use()
 
 
 _finalized_as_loaded()
