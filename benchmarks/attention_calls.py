@@ -42,6 +42,8 @@ def main(rounds: int, out: Path) -> None:
     from llmopt.engine import platform, serve
 
     serve.kernels_from_environment()
+    if not hasattr(Impl, "llmopt_vllm_methods"):
+        raise SystemExit(f"the lean attention calls were not installed here: unset {platform.VLLM_ATTENTION_CALLS_ENV}")
     lean = (Impl.forward, Impl.do_kv_cache_update)
     methods = {"vLLM's methods": Impl.llmopt_vllm_methods, "llmopt's lean methods": lean}
     caught: dict[str, object] = {}

@@ -73,65 +73,85 @@ attention_calls.use()
 methods = {"vllm": Impl.llmopt_vllm_methods, "lean": (Impl.forward, Impl.do_kv_cache_update)}
 generator = torch.Generator().manual_seed(0)
 isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
-layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
+layer = SimpleNamespace(isa=isa, _k_scale_float=0.5, _v_scale_float=2.0)  # distinct: swapped, an FP8 cache shows it
 heads, kv_heads, size, block = 9, 3, 64, 128
 # the backend asks the engine's settings only for the model's dtype (encoder attention's kernel)
 cpu_attn.get_current_vllm_config = lambda: SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16))
-impl = Impl(heads, size, size ** -0.5, kv_heads, None, None, "auto")
+# each of the layer's own settings the kernels take, one at a time: a swapped argument changes the bits
+variants = [{}, {"sliding_window": 64}, {"logits_soft_cap": 30.0},
+            {"alibi_slopes": [2.0 ** -(h + 1) for h in range(heads)]},
+            {"sinks": torch.randn(heads, dtype=torch.float32, generator=generator)}]
+if torch.cpu._is_avx512_supported():
+    variants.append({"kv_cache_dtype": "fp8_e4m3"})
 checked = 0
 for prefill_kernel in (False, True):
     if prefill_kernel:  # steps that carry a prompt then go to llmopt's kernel, through either method
         if sys.argv[1] != "1":
             break
         prefill_attention.use(kernels.build())
-    for requests in (((1, 40),), ((1, 130), (1, 7), (1, 300), (1, 64)), ((20, 20),), ((1, 90), (17, 17), (3, 260))):
-        for padding in (0, 3):  # rows past the step's tokens, which neither method touches
-            counts = [-(-length // block) for _, length in requests]
-            table = torch.zeros(len(requests), max(counts), dtype=torch.int32)
-            order = torch.randperm(sum(counts) + 1, generator=generator).int()
-            starts, slots = [0], []
-            for row, (queries, length) in enumerate(requests):
-                table[row, :counts[row]] = order[sum(counts[:row]):sum(counts[:row]) + counts[row]]
-                starts.append(starts[-1] + queries)
-                slots += [int(table[row, p // block]) * block + p % block for p in range(length - queries, length)]
-            tokens = starts[-1]
-            seq_lens, query_start = torch.tensor([l for _, l in requests], dtype=torch.int32), torch.tensor(starts, dtype=torch.int32)
-            plan = ops.cpu_attn_get_scheduler_metadata(len(requests), heads, kv_heads, size, seq_lens, torch.bfloat16,
-                                                       query_start, True, -1, isa, True)
-            metadata = CPUAttentionMetadata(num_actual_tokens=tokens, max_query_len=max(q for q, _ in requests),
-                                            query_start_loc=query_start, max_seq_len=int(seq_lens.max()), seq_lens=seq_lens,
-                                            block_table=table, slot_mapping=torch.tensor(slots, dtype=torch.int64),
-                                            scheduler_metadata=plan, causal=True)
-            cache = torch.randn(sum(counts) + 1, kv_heads, block, 2 * size, dtype=torch.bfloat16, generator=generator)
-            query = torch.randn(tokens + padding, heads, size, dtype=torch.bfloat16, generator=generator)
-            key, value = (torch.randn(tokens + padding, kv_heads, size, dtype=torch.bfloat16, generator=generator) for _ in "kv")
-            found = {}
-            for name, (forward, update) in methods.items():
-                kv_cache, output = cache.clone(), torch.full_like(query, 7.0)
-                update(impl, layer, key[:tokens], value[:tokens], kv_cache, metadata.slot_mapping)
-                assert forward(impl, layer, query, key, value, kv_cache, metadata, output) is output
-                found[name] = (kv_cache, output)
-            assert torch.equal(found["vllm"][0], found["lean"][0]), (requests, padding, "cache")
-            assert torch.equal(found["vllm"][1], found["lean"][1]), (requests, padding, "output")
-            assert not torch.equal(found["lean"][1][:tokens], torch.full_like(query[:tokens], 7.0))
-            assert torch.equal(found["lean"][1][tokens:], torch.full_like(query[tokens:], 7.0))
-            checked += 1
+    for variant in variants:
+        given = {"alibi_slopes": None, "sliding_window": None, "kv_cache_dtype": "auto"} | variant
+        impl = Impl(heads, size, size ** -0.5, kv_heads, given["alibi_slopes"], given["sliding_window"],
+                    given["kv_cache_dtype"], logits_soft_cap=given.get("logits_soft_cap"), sinks=given.get("sinks"))
+        window = -1 if given["sliding_window"] is None else given["sliding_window"]
+        for requests in (((1, 40),), ((1, 130), (1, 7), (1, 300), (1, 64)), ((20, 20),), ((1, 90), (17, 17), (3, 260))):
+            for padding in (0, 3):  # rows past the step's tokens, which neither method touches
+                counts = [-(-length // block) for _, length in requests]
+                table = torch.zeros(len(requests), max(counts), dtype=torch.int32)
+                order = torch.randperm(sum(counts) + 1, generator=generator).int()
+                starts, slots = [0], []
+                for row, (queries, length) in enumerate(requests):
+                    table[row, :counts[row]] = order[sum(counts[:row]):sum(counts[:row]) + counts[row]]
+                    starts.append(starts[-1] + queries)
+                    slots += [int(table[row, p // block]) * block + p % block for p in range(length - queries, length)]
+                tokens = starts[-1]
+                seq_lens = torch.tensor([l for _, l in requests], dtype=torch.int32)
+                query_start = torch.tensor(starts, dtype=torch.int32)
+                plan = ops.cpu_attn_get_scheduler_metadata(len(requests), heads, kv_heads, size, seq_lens, torch.bfloat16,
+                                                           query_start, True, window, isa, True)
+                metadata = CPUAttentionMetadata(num_actual_tokens=tokens, max_query_len=max(q for q, _ in requests),
+                                                query_start_loc=query_start, max_seq_len=int(seq_lens.max()),
+                                                seq_lens=seq_lens, block_table=table,
+                                                slot_mapping=torch.tensor(slots, dtype=torch.int64),
+                                                scheduler_metadata=plan, causal=True)
+                cache = torch.randn(sum(counts) + 1, kv_heads, block, 2 * size, dtype=torch.bfloat16, generator=generator)
+                if given["kv_cache_dtype"] != "auto":
+                    cache = torch.randint(0, 120, cache.shape, dtype=torch.uint8, generator=generator)
+                query = torch.randn(tokens + padding, heads, size, dtype=torch.bfloat16, generator=generator)
+                key, value = (torch.randn(tokens + padding, kv_heads, size, dtype=torch.bfloat16, generator=generator)
+                              for _ in "kv")
+                found = {}
+                for name, (forward, update) in methods.items():
+                    kv_cache, output = cache.clone(), torch.full_like(query, 7.0)
+                    update(impl, layer, key[:tokens], value[:tokens], kv_cache, metadata.slot_mapping)
+                    assert forward(impl, layer, query, key, value, kv_cache, metadata, output) is output
+                    found[name] = (kv_cache, output)
+                shape = (variant, requests, padding)
+                assert impl.__dict__["_llmopt_halves"][0] is kv_cache, shape  # the lean methods ran, not vLLM's
+                assert torch.equal(found["vllm"][0], found["lean"][0]), (shape, "cache")
+                assert torch.equal(found["vllm"][1], found["lean"][1]), (shape, "output")
+                assert not torch.equal(found["lean"][1][:tokens], torch.full_like(query[:tokens], 7.0)), shape
+                assert torch.equal(found["lean"][1][tokens:], torch.full_like(query[tokens:], 7.0)), shape
+                checked += 1
 untouched = torch.full_like(query, 7.0)
 assert Impl.forward(impl, layer, query, key, value, cache, None, untouched) is untouched  # a warm-up: no metadata
 assert torch.equal(untouched, torch.full_like(query, 7.0))
-print(checked)
+print(len(variants), checked)
 """
 
 
 def test_the_lean_attention_calls_give_vllms_bits() -> None:
-    """Decode steps, a prompt, mixed steps, with rows past the step's tokens: the KV cache and the
-    outputs the lean methods leave are vLLM's methods' to the bit, with vLLM's kernel alone and,
-    where it runs, with llmopt's prefill attention taking the steps that carry a prompt."""
+    """Decode steps, a prompt, mixed steps, with rows past the step's tokens, for a plain layer and
+    for each setting the kernels take from a layer (a sliding window, a soft cap, ALiBi, sinks, an
+    FP8 cache with its scales): the KV cache and the outputs the lean methods leave are vLLM's
+    methods' to the bit, with vLLM's kernel alone and, where it runs, with llmopt's prefill
+    attention taking the steps that carry a prompt."""
     applies = platform.llmopt_kernels_apply(HW)
     done = subprocess.run([sys.executable, "-c", LEAN_CALLS, "1" if applies else "0"], capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == str(16 if applies else 8)
+    variants, checked = map(int, done.stdout.split()[-2:])
+    assert variants >= 5 and checked == variants * 8 * (2 if applies else 1)
 
 
 def test_a_build_without_a_compiler_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:

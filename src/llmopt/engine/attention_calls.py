@@ -2,8 +2,8 @@
 same arguments, so the outputs are vLLM's bits.
 
 Each attention layer of a decode step goes through two of vLLM's custom ops, the KV-cache write and
-the attention. On SmolLM2-135M they took 9.2 and 15.2 us a layer from the compiled graph, of which
-the kernels themselves 2.2 and 4.0 us: the rest is Python around them, mostly in the backend's
+the attention. On SmolLM2-135M they took 10.5 and 14.4 us a layer from the compiled graph, of which
+the kernels themselves 3.4 and 5.0 us: the rest is Python around them, mostly in the backend's
 methods, which view the layer's cache as keys and values anew at every call, slice the query and
 the output, and pass 18 arguments by keyword through two wrappers (`benchmarks/attention_calls.py`).
 Here the backend's two methods keep each layer's key and value views while its cache is the same
@@ -26,7 +26,8 @@ LINE = "llmopt: vLLM's CPU attention layers called through its lean methods"  # 
 
 def use() -> None:
     """Give vLLM's CPU attention backend the lean methods in this process (the engine core's, or a
-    benchmark's that runs vLLM's offline API); on a vLLM without that backend, nothing changes."""
+    benchmark's that runs vLLM's offline API); on a vLLM without that backend or its CPU kernels (a
+    GPU build, which keeps the module but not the ops), nothing changes."""
     import torch
 
     try:
@@ -36,7 +37,8 @@ def use() -> None:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl as Impl
     except ImportError:
         return
-    if getattr(Impl, "llmopt_vllm_methods", None):
+    if getattr(Impl, "llmopt_vllm_methods", None) or not all(
+            hasattr(torch.ops._C, name) for name in ("cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache")):
         return
     forward, update = Impl.forward, Impl.do_kv_cache_update
     write = torch.ops._C.cpu_attn_reshape_and_cache.default
@@ -67,12 +69,12 @@ def use() -> None:
                      output_scale: torch.Tensor | None = None,
                      output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
         nonlocal said
-        if attn_metadata is None:  # a warm-up
-            return output
         if (output_scale is not None or output_block_scale is not None or self.attn_type != AttentionType.DECODER
                 or (self.sinks is not None and self.sinks.dtype not in kept_dtypes)):
             return forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                            output_block_scale)
+        if attn_metadata is None:  # a warm-up
+            return output
         if not said:  # by the process that runs the model
             said = True
             logger.info(LINE)
