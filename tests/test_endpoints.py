@@ -17,7 +17,7 @@ import pytest
 import llmopt
 from llmopt import client, endpoints, procs
 from llmopt.engine import attention_calls, kernels, platform, prefill_attention, small_batch_linear, vllm
-from llmopt.engine.config import EngineConfig
+from llmopt.engine.config import CompilationConfig, EngineConfig
 from llmopt.errors import LlmoptError
 
 from conftest import SMALL_ENGINE, assert_one_line_error, run_cli
@@ -215,6 +215,26 @@ def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], en
     assert (kernels.LIBRARY_ENV in env) == ("llmopt" in (expected, attention))
     image = vllm.image_environment(engine, hw)  # vLLM's own image has none of them
     assert not {platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV} & set(image)
+
+
+@pytest.mark.parametrize("engine, wrapper", [
+    (EngineConfig(), "cpp"),
+    (EngineConfig(compilation=CompilationConfig(wrapper="python")), "python"),
+    (EngineConfig(compilation=CompilationConfig(mode="eager")), None),
+    (EngineConfig(compilation=CompilationConfig(mode="eager", wrapper="cpp")), None),
+])
+def test_the_graph_wrapper_on_cpu_and_what_it_takes(engine: EngineConfig, wrapper: str | None) -> None:
+    """Inductor's C++ wrapper by default on CPU; it passes no Python object to an op, so vLLM's ops
+    then name their layers by plain strings. An eager model has no graph to wrap."""
+    hw = platform.Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=("avx2",), gpu=None)
+    assert vllm.graph_wrapper(engine, hw) == wrapper
+    argv = vllm.flags(engine, "m", hw=hw)
+    compilation = json.loads(argv[argv.index("--compilation-config") + 1]) if "--compilation-config" in argv else None
+    expected = {"cpp": {"inductor_compile_config": {"cpp_wrapper": True}}, "python": None, None: {"mode": 0}}[wrapper]
+    assert compilation == expected
+    assert vllm.engine_kwargs(engine, hw).get("compilation_config") == expected
+    for env in (vllm.environment(engine, hw), vllm.image_environment(engine, hw)):  # vLLM's own image takes the flag too
+        assert env.get("VLLM_USE_LAYERNAME") == ("0" if wrapper == "cpp" else None)
 
 
 @pytest.mark.parametrize("choice", ["packed", "llmopt"])

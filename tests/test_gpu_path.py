@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from llmopt import recipe as recipes
 from llmopt import sources, techniques
 from llmopt.engine import compile_cache, platform, vllm
-from llmopt.engine.config import EngineConfig
+from llmopt.engine.config import CompilationConfig, EngineConfig
+from llmopt.errors import LlmoptError
 
 H100 = platform.Hardware(device="cuda", cpu_model="Intel Xeon Platinum 8480+", cores=52, memory_gib=2015.6,
                          cpu_flags=("amx_bf16", "avx512f"), gpu="NVIDIA H100 80GB HBM3", gpu_count=2)
@@ -48,9 +49,22 @@ def test_the_serving_machine_is_asked_only_when_a_gpu_setting_needs_it(monkeypat
         raise AssertionError("detected the machine for settings that do not depend on it")
 
     monkeypatch.setattr(platform, "detect", no_detection)
-    assert vllm.server_argv("/m", EngineConfig(tensor_parallel_size=2), "m", "127.0.0.1", 8000)
+    python = CompilationConfig(wrapper="python")
+    assert vllm.server_argv("/m", EngineConfig(tensor_parallel_size=2, compilation=python), "m", "127.0.0.1", 8000)
     monkeypatch.setattr(platform, "detect", lambda: H100)
     assert _value(vllm.server_argv("/m", SHARDED, "m", "127.0.0.1", 8000), "--gpu-memory-utilization") == "0.85"
+    # how the compiled graph calls its kernels follows the device when unset
+    assert _value(vllm.server_argv("/m", SHARDED, "m", "127.0.0.1", 8000), "--compilation-config") is None
+    monkeypatch.setattr(platform, "detect", lambda: EPYC)
+    assert json.loads(_value(vllm.server_argv("/m", SHARDED, "m", "127.0.0.1", 8000), "--compilation-config") or "null") == {
+        "inductor_compile_config": {"cpp_wrapper": True}}
+
+
+def test_the_cpp_graph_wrapper_on_a_gpu_is_refused() -> None:
+    cpp = EngineConfig(compilation=CompilationConfig(wrapper="cpp"))
+    with pytest.raises(LlmoptError, match="wrapper 'cpp' is for CPUs, and this machine serves on NVIDIA H100 80GB HBM3 -- leave compilation.wrapper unset"):
+        vllm.flags(cpp, "m", hw=H100)
+    assert vllm.graph_wrapper(EngineConfig(), H100) == "python"
 
 
 @pytest.mark.parametrize("settings", [SHARDED, EngineConfig(reserved_cpus=1, executor="uni", preload=True, kv_cache_gib=8)])

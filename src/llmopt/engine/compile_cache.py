@@ -119,6 +119,7 @@ def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardwa
         linear = vllm.linear_kernels(config, hw)
         # and llmopt's is called by its library's schema: a changed library compiles anew
         relevant["linear_kernels"] = f"{linear} {kernels.library_path().name}" if linear == "llmopt" else linear
+    relevant["compilation"]["wrapper"] = vllm.graph_wrapper(config, hw)  # Inductor's generated code differs
     spec = relevant.get("speculative")
     if spec:
         spec = {k: v for k, v in spec.items() if k not in UNCOMPILED_SPECULATION}

@@ -189,6 +189,14 @@ def default_attention_kernel(hw: Hardware) -> str:
     return "llmopt" if llmopt_kernels_apply(hw) and kernels.built() else "vllm"
 
 
+def default_graph_wrapper(hw: Hardware) -> str:
+    """Inductor's C++ wrapper on CPU: there vLLM runs its compiled graph as a Python function of
+    about 300 kernel and op calls a decode step, and from C++ a step of SmolLM2-135M took 1.07-1.15x
+    less time at batch 1 (benchmarks/engine_cpu_settings.py, "Inductor's C++ wrapper"). On GPUs
+    vLLM replays CUDA graphs, and the Python wrapper stays."""
+    return "cpp" if hw.device == "cpu" else "python"
+
+
 def kernels_build(hw: Hardware) -> str:
     """The default kernels here down to the build of llmopt's library: what a measurement depends
     on, where the kernels' names alone would let a rebuilt library reuse older figures."""

@@ -128,11 +128,35 @@ def _values(config: EngineConfig, served_name: str | None, trust_remote_code: bo
         "gpu_memory_utilization": config.gpu_memory_utilization if on_gpu else None,
         "tensor_parallel_size": config.tensor_parallel_size if config.tensor_parallel_size != 1 else None,
         "speculative": speculative_config(config),
-        "compilation": {"mode": 0} if config.compilation.mode == "eager" else None,
+        "compilation": _compilation(config, hw),
         "trust_remote_code": trust_remote_code,
         "chat_template": chat_template,
         "guard": GUARD if guarded else None,
     }
+
+
+def _compilation(config: EngineConfig, hw: platform.Hardware | None) -> dict[str, object] | None:
+    """vLLM's --compilation-config for the settings: eager, or Inductor's C++ wrapper where chosen."""
+    if config.compilation.mode == "eager":
+        return {"mode": 0}
+    if graph_wrapper(config, hw) == "cpp":
+        return {"inductor_compile_config": {"cpp_wrapper": True}}
+    return None
+
+
+def graph_wrapper(config: EngineConfig, hw: platform.Hardware | None) -> str | None:
+    """How the compiled graph calls its kernels on the machine `hw` (this one when None, detected
+    only if the choice depends on it); None when the model runs eagerly."""
+    if config.compilation.mode == "eager":
+        return None
+    if config.compilation.wrapper == "python":
+        return "python"
+    hw = hw or platform.detect()
+    chosen = config.compilation.wrapper or platform.default_graph_wrapper(hw)
+    if chosen == "cpp" and hw.device != "cpu":
+        raise LlmoptError(f"compilation wrapper 'cpp' is for CPUs, and this machine serves on {hw.gpu or hw.device}",
+                          "leave compilation.wrapper unset (vLLM replays CUDA graphs there) or set it to 'python'")
+    return chosen
 
 
 def flags(config: EngineConfig, served_name: str, trust_remote_code: bool = False, chat_template: str | None = None,
@@ -171,6 +195,9 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
         env[small_batch_linear.ENV] = "1"
     if attention == "llmopt":
         env[prefill_attention.ENV] = "1"
+    if graph_wrapper(config, hw) == "cpp":
+        # Inductor's C++ wrapper passes no Python object to an op: vLLM's opaque layer names become strings
+        env["VLLM_USE_LAYERNAME"] = "0"
     if "llmopt" in (linear, attention):  # built here if it is not yet, so a failed build is said before any engine starts
         env[kernels.LIBRARY_ENV] = str(kernels.build())
     libraries = platform.preload_libraries() if config.preload else []
