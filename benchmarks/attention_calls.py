@@ -21,7 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
-from step_profile import in_engine_environment
+from step_profile import compilation_config, in_engine_environment
 
 MODEL = "smollm2-135m-instruct"
 RESULTS = Path(__file__).parent / "results"
@@ -56,7 +56,8 @@ def main(rounds: int, out: Path) -> None:
         return model_forward(self, input_ids, *args, **kwargs)
 
     GPUModelRunner._model_forward = catching
-    llm = LLM(sources.resolve(MODEL).path, max_model_len=2048, seed=0, enable_prefix_caching=False)
+    llm = LLM(sources.resolve(MODEL).path, max_model_len=2048, seed=0, enable_prefix_caching=False,
+              compilation_config=compilation_config())
     prompt = "Write a story about a cat. " * 2
 
     def generate(batch: int) -> list[list[int]]:

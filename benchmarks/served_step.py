@@ -66,7 +66,7 @@ def served(times: Path) -> list[dict]:
 def offline(out: Path) -> None:
     """In the engine environment (this script run again with --offline OUT): the same lengths in
     vLLM's offline API, `LEVELS` requests a batch size; the rows into `out`."""
-    from step_profile import in_engine_environment
+    from step_profile import compilation_config, in_engine_environment
 
     in_engine_environment(None)
     from vllm import LLM, SamplingParams
@@ -78,7 +78,8 @@ def offline(out: Path) -> None:
     serve.kernels_from_environment()
     timer = phase_timer.Timer()
     timer.install(import_modules=True)
-    llm = LLM(sources.resolve(MODEL).path, max_model_len=2048, seed=0, enable_prefix_caching=False)
+    llm = LLM(sources.resolve(MODEL).path, max_model_len=2048, seed=0, enable_prefix_caching=False,
+              compilation_config=compilation_config())
     tokenizer = llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template(list(r.messages), tokenize=False, add_generation_prompt=True)
                for r in workload.load(WORKLOAD, tokenizer=tokenizer).take(max(LEVELS.values()))]

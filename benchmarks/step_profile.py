@@ -65,7 +65,7 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     timer = Timer()
     timer.install(import_modules=True)
     # no prefix caching: the prefill profile sends one prompt again and again
-    llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False)
+    llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False, compilation_config=compilation_config())
     short = "Write a story about a cat. " * 2
     # the built-in QA workload's first request, as the chat template renders it: a real prefill
     asked = list(workload.builtin_qa(0, 1).requests[0].messages)
@@ -121,6 +121,12 @@ def main(model: str, kernels: str | None, out: Path) -> None:
                                "linear_kernels": vllm.linear_kernels(EngineConfig(linear_kernels=kernels), hw),
                                "weights_read_per_token_bytes": traffic.weights_bytes, "profiles": found}, indent=2) + "\n")
     print(f"\nwrote {out}")
+
+
+def compilation_config() -> dict[str, object] | None:
+    """vLLM's compilation config as llmopt renders it here (Inductor's C++ wrapper on CPU), which
+    the environment `in_engine_environment` sets goes with: the two are chosen together."""
+    return vllm.engine_kwargs(EngineConfig(max_model_len=2048), platform.detect()).get("compilation_config")
 
 
 def in_engine_environment(chosen: str | None) -> None:

@@ -191,17 +191,19 @@ def default_attention_kernel(hw: Hardware) -> str:
 
 def default_graph_wrapper(hw: Hardware) -> str:
     """Inductor's C++ wrapper on CPU: there vLLM runs its compiled graph as a Python function of
-    about 300 kernel and op calls a decode step, and from C++ a step of SmolLM2-135M took 1.07-1.15x
-    less time at batch 1 (benchmarks/engine_cpu_settings.py, "Inductor's C++ wrapper"). On GPUs
-    vLLM replays CUDA graphs, and the Python wrapper stays."""
+    about 300 kernel and op calls a decode step; from C++, SmolLM2-135M's bf16 decoded 1.07-1.08x
+    faster served at batch 1 in each of three alternating rounds (benchmarks/README.md,
+    "engine_cpu_settings.py"). On GPUs vLLM replays CUDA graphs, and the Python wrapper stays."""
     return "cpp" if hw.device == "cpu" else "python"
 
 
 def kernels_build(hw: Hardware) -> str:
-    """The default kernels here down to the build of llmopt's library: what a measurement depends
-    on, where the kernels' names alone would let a rebuilt library reuse older figures."""
+    """The default kernels here down to the build of llmopt's library, and how the compiled graph
+    calls them: what a measurement depends on, where the kernels' names alone would let a rebuilt
+    library (or the other graph wrapper) reuse older figures."""
     chosen = f"{default_linear_kernels(hw)}+{default_attention_kernel(hw)}"
-    return f"{chosen}:{kernels.library_path().stem}" if "llmopt" in chosen else chosen
+    built = f"{chosen}:{kernels.library_path().stem}" if "llmopt" in chosen else chosen
+    return f"{built} {default_graph_wrapper(hw)}-wrapper"
 
 
 def torch_version() -> str:

@@ -114,7 +114,8 @@ def speculative_config(config: EngineConfig) -> dict[str, object] | None:
 def _values(config: EngineConfig, served_name: str | None, trust_remote_code: bool, chat_template: str | None,
             guarded: bool, hw: platform.Hardware | None) -> dict[str, object]:
     """Each flag's value for the settings (None or False: left out), in a stable order. GPU settings
-    only where the model is served on one (this machine when `hw` is None, detected only then)."""
+    only where the model is served on one, and the graph's wrapper as chosen there (this machine
+    when `hw` is None, detected only when a setting depends on it)."""
     on_gpu = config.gpu_memory_utilization is not None and (hw or platform.detect()).device != "cpu"
     return {
         "served_name": served_name,
