@@ -37,8 +37,8 @@ import psutil
 import llmopt
 from decode_profile import server_pids
 from llmopt import EngineConfig
-from llmopt.engine.config import CompilationConfig
 from llmopt.engine import kernels, vllm
+from llmopt.engine.config import CompilationConfig
 from llmopt.engine.platform import SPAWNED_CORE_ENV, VLLM_ATTENTION_CALLS_ENV
 
 LLMOPT = EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni")  # packed linear kernels where chosen

@@ -1,11 +1,11 @@
 """Where a decode step's time goes inside the engine, by operator: torch's profiler over decode
 steps of SmolLM2-135M in vLLM's offline API (`LLM.generate`, no HTTP front end), in the engine
-environment llmopt chooses here (its OpenMP threads, preloads, linear kernels, attention
-kernel and the compiled graph's wrapper), at batch 1 and 8, and one prefill of the built-in QA workload's first prompt (884 tokens
-in SmolLM2's template). And by vLLM's own phases (`PHASES`: the scheduler, input preparation,
-attention metadata, the model's forward, the `lm_head`, sampling, output processing), each timed
-around vLLM's method in the same steps: what a step spends outside the model, which an operator
-profile does not see.
+environment llmopt chooses here (its OpenMP threads, preloads, linear kernels, attention kernel
+and the compiled graph's wrapper), at batch 1 and 8, and one prefill of the built-in QA
+workload's first prompt (884 tokens in SmolLM2's template). And by vLLM's own phases (`PHASES`:
+the scheduler, input preparation, attention metadata, the model's forward, the `lm_head`,
+sampling, output processing), each timed around vLLM's method in the same steps: what a step
+spends outside the model, which an operator profile does not see.
 
 Also times plain steps without the profiler (best of three generate calls of 128 tokens) and,
 for the linear layers, the weight bytes they stream per second and the multiply-adds they do per
