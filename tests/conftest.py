@@ -31,8 +31,8 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ["LLMOPT_HOME"] = tempfile.mkdtemp(prefix="llmopt-test-home-")
 
 import llmopt  # noqa: E402
-from llmopt import catalog, sources  # noqa: E402
-from llmopt.engine import vllm  # noqa: E402
+from llmopt import catalog, recipe, sources  # noqa: E402
+from llmopt.engine import platform, vllm  # noqa: E402
 from llmopt.engine.config import EngineConfig  # noqa: E402
 from llmopt.jobs import store  # noqa: E402
 from llmopt.executors import local as local_executor  # noqa: E402
@@ -47,6 +47,11 @@ SMALL_ENGINE = EngineConfig(kv_cache_gib=1)
 # landed at +2.6% (GPTQ weights: +1.0%); the suite allows 5% where the built-in budget is 3%.
 QUICK_SMOOTHQUANT = {"method": "smoothquant", "weights": "rtn", "calibration": {"samples": 8, "sequence_length": 128},
                      "ignore": [], "max_perplexity_increase": 0.05}
+# Without VNNI, oneDNN sums int8 products in 16 bits, which saturate: there the built-in SmoothQuant
+# recipe's perplexity rose 3.1% (AVX2 Zen 3 EPYC), over its 3% budget, and the compatibility matrix
+# marks it slow with that reason. The suite's SmoothQuant jobs run the same recipe with 5% there.
+VNNI = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(platform.detect().cpu_flags))
+SUITE_SMOOTHQUANT = {"name": "smoothquant", "quantization": {"method": "smoothquant", **({} if VNNI else {"max_perplexity_increase": 0.05})}}
 
 
 _RUNNING: dict[str, pytest.Item | None] = {"item": None}
@@ -110,8 +115,8 @@ def baseline(smol: sources.Model) -> llmopt.Job:
 
 @pytest.fixture(scope="session")
 def smoothquant(smol: sources.Model, baseline: llmopt.Job) -> llmopt.Job:
-    """The built-in SmoothQuant recipe's artifact (what `llmopt demo` builds), once per session."""
-    job = llmopt.optimize(smol.id, "smoothquant", name="smoothquant-job")
+    """The built-in SmoothQuant recipe's artifact (what `llmopt demo` builds where VNNI is), once per session."""
+    job = llmopt.optimize(smol.id, recipe.parse(SUITE_SMOOTHQUANT), name="smoothquant-job")
     assert job.status == "COMPLETED", job.record.failure_reason
     return job
 

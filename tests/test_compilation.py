@@ -209,6 +209,7 @@ def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.
         "kv_cache_dtype": _key(tmp_path, settings={"kv_cache_dtype": "fp8"}),
         "eager": _key(tmp_path, settings={"compilation": {"mode": "eager"}}),
         "the graph's Python wrapper": _key(tmp_path, settings={"compilation": {"wrapper": "python"}}),
+        "dtype": _key(tmp_path, settings={"dtype": "float32"}),
         # vLLM keys its saved compiled model by VLLM_CPU_NUM_OF_RESERVED_CPU too
         "reserved_cpus": _key(tmp_path, settings={"reserved_cpus": 1}),
         "vllm": _key(tmp_path, engine=("vllm-cpu", "0.33.0")),
@@ -225,6 +226,9 @@ def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.
     assert _key(tmp_path, hw=amx, settings={"linear_kernels": "packed"}) != _key(tmp_path, hw=amx)
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": platform.default_linear_kernels(no_amx)}) == _key(tmp_path, hw=no_amx)
     assert _key(tmp_path, settings={"compilation": {"wrapper": platform.default_graph_wrapper(no_amx)}}) == base
+    # and so is the dtype: unset, the machine's choice (float32 on AVX2), as if written
+    avx2 = platform.Hardware(cpu_flags=("avx", "avx2"), **cpu)
+    assert _key(tmp_path, hw=avx2) == _key(tmp_path, hw=avx2, settings={"dtype": "float32"}) != _key(tmp_path, hw=avx2, settings={"dtype": "bfloat16"})
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"}) != _key(tmp_path, hw=no_amx, settings={"linear_kernels": "packed"})
     # and llmopt's is called by its library's schema: another build of it is another entry
     built_here = _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"})

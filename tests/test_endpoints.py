@@ -237,6 +237,21 @@ def test_the_graph_wrapper_on_cpu_and_what_it_takes(engine: EngineConfig, wrappe
         assert env.get("VLLM_USE_LAYERNAME") == ("0" if wrapper == "cpp" else None)
 
 
+@pytest.mark.parametrize("device, flags, engine, dtype", [
+    ("cpu", ("avx", "avx2"), EngineConfig(), "float32"),  # no bf16 matmul in vLLM's AVX2 build
+    ("cpu", ("avx", "avx2"), EngineConfig(dtype="bfloat16"), "bfloat16"),
+    ("cpu", AVX512, EngineConfig(), "bfloat16"),
+    ("cpu", ("avx2", "avx512f"), EngineConfig(), "bfloat16"),  # AVX-512 without BF16: not measured, vLLM's choice
+    ("cpu", (), EngineConfig(), "bfloat16"),  # not x86 (Arm lists no AVX)
+    ("cuda", ("avx", "avx2"), EngineConfig(), "bfloat16"),
+])
+def test_the_dtype_is_chosen_from_the_processor(device: str, flags: tuple[str, ...], engine: EngineConfig, dtype: str) -> None:
+    hw = platform.Hardware(device=device, cpu_model="test", cores=2, memory_gib=24, cpu_flags=flags,
+                           gpu="NVIDIA L4" if device == "cuda" else None, gpu_count=int(device == "cuda"))
+    argv = vllm.flags(engine, "m", hw=hw)
+    assert argv[argv.index("--dtype") + 1] == dtype == vllm.engine_kwargs(engine, hw)["dtype"]
+
+
 @pytest.mark.parametrize("choice", ["packed", "llmopt"])
 def test_packed_linear_kernels_where_they_cannot_run_are_refused(choice: str) -> None:
     hw = platform.Hardware(device="cpu", cpu_model="Old Xeon", cores=2, memory_gib=24, cpu_flags=("avx2",), gpu=None)

@@ -49,8 +49,8 @@ def test_the_serving_machine_is_asked_only_when_a_gpu_setting_needs_it(monkeypat
         raise AssertionError("detected the machine for settings that do not depend on it")
 
     monkeypatch.setattr(platform, "detect", no_detection)
-    python = CompilationConfig(wrapper="python")
-    assert vllm.server_argv("/m", EngineConfig(tensor_parallel_size=2, compilation=python), "m", "127.0.0.1", 8000)
+    python = CompilationConfig(wrapper="python")  # and the dtype given: unset, it is the machine's choice
+    assert vllm.server_argv("/m", EngineConfig(tensor_parallel_size=2, compilation=python, dtype="bfloat16"), "m", "127.0.0.1", 8000)
     monkeypatch.setattr(platform, "detect", lambda: H100)
     assert _value(vllm.server_argv("/m", SHARDED, "m", "127.0.0.1", 8000), "--gpu-memory-utilization") == "0.85"
     # how the compiled graph calls its kernels follows the device when unset

@@ -64,7 +64,9 @@ def test_the_prefill_attention_agrees_with_vllms_and_with_exact_attention() -> N
 LEAN_CALLS = """
 import sys
 from types import SimpleNamespace
-import torch, vllm._C
+import torch
+from vllm.platforms import current_platform
+current_platform.import_kernels()  # vLLM's build for this processor: AVX-512 BF16, AVX-512 or AVX2
 from vllm import _custom_ops as ops
 from vllm.v1.attention.backends import cpu_attn
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl as Impl, CPUAttentionMetadata

@@ -108,11 +108,22 @@ def test_a_recipe_has_a_section_per_registered_technique() -> None:
     assert engine.speculative is not None and engine.speculative.model == "./draft" and engine.speculative.num_speculative_tokens == 4
 
 
-@pytest.mark.parametrize("amx, status", [(("amx_int8", "amx_bf16", "amx_tile"), "supported"), ((), "slow")])
-def test_matrix_rows_follow_the_processor(amx: tuple, status: str) -> None:
-    """AWQ pays on a processor with AMX and is marked slow on one without (measured on an AMD EPYC)."""
-    cpu = CPU.model_copy(update={"cpu_flags": ("avx512f", *amx)})
+@pytest.mark.parametrize("technique, flags, status", [
+    ("quantization.awq", ("avx512f", "amx_int8", "amx_bf16", "amx_tile"), "supported"),
+    ("quantization.awq", ("avx512f",), "slow"),  # no faster than bf16 without AMX (an AMD EPYC)
+    ("quantization.awq", ("avx", "avx2"), "refused"),  # vLLM's AVX2 build has no W4A16 kernel
+    ("quantization.smoothquant", ("avx512f", "avx512_vnni"), "supported"),
+    ("quantization.smoothquant", ("avx2", "avx_vnni"), "supported"),
+    ("quantization.smoothquant", ("avx512f", "amx_int8", "amx_tile"), "supported"),
+    ("quantization.smoothquant", ("avx", "avx2"), "slow"),  # int8 products saturate without VNNI
+    ("kv_cache.fp8", ("avx2", "avx512f"), "supported"),
+    ("kv_cache.fp8", ("avx", "avx2"), "refused"),  # vLLM keeps an FP8 cache only with AVX-512 or AMX
+    ("kv_cache.fp8_e5m2", ("avx2", "avx512f"), "slow"),
+    ("kv_cache.fp8_e5m2", ("avx", "avx2"), "refused"),
+])
+def test_matrix_rows_follow_the_processor(technique: str, flags: tuple, status: str) -> None:
+    cpu = CPU.model_copy(update={"cpu_flags": flags})
     verdict = compatibility.Verdict()
-    row = compatibility.apply("quantization.awq", "LlamaForCausalLM", cpu, verdict)
-    assert row is not None and row.status == status
-    assert bool(verdict.warnings) == (status == "slow")
+    row = compatibility.apply(technique, "LlamaForCausalLM", cpu, verdict)
+    assert (row.status if row else "refused") == status
+    assert bool(verdict.warnings) == (status == "slow") and bool(verdict.refusals) == (status == "refused")

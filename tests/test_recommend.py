@@ -197,7 +197,8 @@ def test_quantized_candidates_serve_their_load_faster(smol: sources.Model) -> No
 
 
 def test_a_saved_run_is_reused_only_on_the_same_model_candidates_machine_engine_and_kernels(smol: sources.Model, monkeypatch) -> None:
-    spec, here = _spec(smol), platform.detect()
+    # a processor where the matrix offers SmoothQuant, and so its INT8 lm_head candidates
+    spec, here = _spec(smol), platform.detect().model_copy(update={"cpu_flags": ("avx2", "avx512f", "avx512_vnni", "avx512_bf16")})
 
     def identity(spec: search.RecommendSpec, model: sources.Model, hardware: platform.Hardware) -> str:
         return spec.identity(model, hardware, candidates.build(model, hardware, spec.concurrency, list(spec.recipes))[0])

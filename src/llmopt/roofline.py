@@ -24,13 +24,18 @@ from llmopt import paths
 from llmopt.engine import platform
 
 
+FLOAT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}  # the engine's dtypes
+STORED_FLOATS = {"BF16": 2, "F16": 2, "F32": 4}  # safetensors' names
+
+
 @dataclass(frozen=True)
 class Traffic:
     weights_bytes: int  # read by one decode step, whatever the batch
-    kv_bytes_per_position: int  # K and V of one position, every layer, bf16
+    kv_bytes_per_position: int  # K and V of one position, every layer, in the served dtype
     macs_int8: int  # multiply-adds per token on int8 operands
-    macs_bf16: int  # on bf16 operands (int4 weights are dequantized to bf16)
+    macs_bf16: int  # on floating-point operands of the served dtype (int4 weights are dequantized to it)
     head_macs: int = 0  # the lm_head's share of those: a prefill computes it for its last position only
+    dtype: str = "bfloat16"  # what the engine computes and keeps unquantized weights in
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class Rates:
     bf16_gflop_s: float
     int8_gflop_s: float | None = None
     copy_gb_s: float | None = None
+    fp32_gflop_s: float | None = None
 
 
 def _best_seconds(run: Callable[[], object], repeats: int = 7) -> float:
@@ -53,7 +59,7 @@ def _best_seconds(run: Callable[[], object], repeats: int = 7) -> float:
 
 def measure_rates(cores: int) -> Rates:
     """Read and copy bandwidth (GB/s) over 1 GiB (256 MiB read 10-25% faster on a 32 MiB-L3 EPYC),
-    and bf16 and int8 matmul throughput (GFLOP/s) on `cores` threads, best of several runs; in a
+    and bf16, fp32 and int8 matmul throughput (GFLOP/s) on `cores` threads, best of several runs; in a
     process of its own, so its 2 GiB and torch's threads never count against the caller (whose
     peak memory every process it starts would report as its own: procs.peak_rss_bytes)."""
     done = subprocess.run([sys.executable, "-c", f"from llmopt import roofline; roofline._print_rates({int(cores)})"],
@@ -74,16 +80,28 @@ def _print_rates(cores: int) -> None:
     # 18-73 GB/s, and the best of 7 at 44-73; the best of 30 (about a second) holds steadier
     read = size / _best_seconds(lambda: x.sum(), 30) / 1e9
     copy = 2 * size / _best_seconds(lambda: y.copy_(x), 30) / 1e9
+    def matmul_gflop_s(dtype: torch.dtype, n: int) -> float:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        return 2 * n**3 / _best_seconds(lambda: a @ b) / 1e9
+
     n = 2048
-    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
-    bf16 = 2 * n**3 / _best_seconds(lambda: a @ b) / 1e9
-    try:
-        ai, bi = torch.randint(-8, 8, (n, n), dtype=torch.int8), torch.randint(-8, 8, (n, n), dtype=torch.int8)
-        int8: float | None = round(2 * n**3 / _best_seconds(lambda: torch._int_mm(ai, bi)) / 1e9, 1)
-    except RuntimeError:
-        int8 = None
+    hw = platform.detect()
+    # the dtype the engine does not serve in here only for the record, at a size that takes a second
+    # where its matmul is slow (bf16 without AVX-512: 1-10 GFLOP/s, half a minute a product at 2048)
+    serves_fp32 = platform.default_dtype(hw) == "float32"
+    bf16 = matmul_gflop_s(torch.bfloat16, 512 if serves_fp32 else n)
+    fp32 = matmul_gflop_s(torch.float32, n)
+    int8: float | None = None
+    # without VNNI torch's int8 matmul is a reference loop (0.9 GFLOP/s on a Zen 3 EPYC), nothing like
+    # the engine's oneDNN kernel: no int8 rate, and the bound takes the float one for int8 layers
+    if {"avx512_vnni", "avx_vnni", "amx_int8"} & set(hw.cpu_flags):
+        try:
+            ai, bi = torch.randint(-8, 8, (n, n), dtype=torch.int8), torch.randint(-8, 8, (n, n), dtype=torch.int8)
+            int8 = round(2 * n**3 / _best_seconds(lambda: torch._int_mm(ai, bi)) / 1e9, 1)
+        except RuntimeError:
+            pass
     print(json.dumps(asdict(Rates(read_gb_s=round(read, 2), bf16_gflop_s=round(bf16, 1), int8_gflop_s=int8,
-                                  copy_gb_s=round(copy, 2)))))
+                                  copy_gb_s=round(copy, 2), fp32_gflop_s=round(fp32, 1)))))
 
 
 def machine_rates(hw: platform.Hardware | None = None) -> Rates | None:
@@ -120,16 +138,21 @@ def tensors(folder: Path) -> dict[str, dict]:
     return found
 
 
-def traffic(folder: Path) -> Traffic:
-    """All zeros for what is not a model folder with safetensors (a GGUF file, a remote server's)."""
+def traffic(folder: Path, dtype: str = "bfloat16") -> Traffic:
+    """What a decode step reads and computes served in `dtype`: vLLM casts unquantized weights and
+    biases to it, and keeps the KV cache in it; quantized weights and their scales stay as stored.
+    All zeros for what is not a model folder with safetensors (a GGUF file, a remote server's)."""
     if not (folder / "config.json").is_file():
-        return Traffic(weights_bytes=0, kv_bytes_per_position=0, macs_int8=0, macs_bf16=0)
+        return Traffic(weights_bytes=0, kv_bytes_per_position=0, macs_int8=0, macs_bf16=0, dtype=dtype)
     config = json.loads((folder / "config.json").read_text())
     found = tensors(folder)
+    width = FLOAT_BYTES[dtype]
     tied = not any("lm_head" in name for name in found)  # no lm_head of its own: the embeddings serve as one
     streamed, macs_int8, macs_bf16, head_macs = 0, 0, 0, 0
     for name, info in found.items():
         size = info["data_offsets"][1] - info["data_offsets"][0]
+        if info["dtype"] in STORED_FLOATS and name.endswith(("weight", "bias")):
+            size = size // STORED_FLOATS[info["dtype"]] * width
         if "embed_tokens" in name:
             streamed += size // info["shape"][0]  # one row per token
             if tied:
@@ -149,9 +172,9 @@ def traffic(folder: Path) -> Traffic:
             macs_bf16 += info["shape"][0] * info["shape"][1] * 8
     layers, heads = config.get("num_hidden_layers", 0), config.get("num_attention_heads", 0)
     head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads if heads else 0)
-    kv = 2 * layers * (config.get("num_key_value_heads") or heads) * head_dim * 2  # 0 where the config does not say
+    kv = 2 * layers * (config.get("num_key_value_heads") or heads) * head_dim * width  # 0 where the config does not say
     return Traffic(weights_bytes=streamed, kv_bytes_per_position=kv, macs_int8=macs_int8, macs_bf16=macs_bf16,
-                   head_macs=head_macs)
+                   head_macs=head_macs, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -171,11 +194,12 @@ def bound_tokens_per_s(found: Traffic, rates: Rates, batch: int, context: int,
     multiply-adds for every token it verifies; a draft model's passes add theirs. Its time is the
     larger of reading and computing; it yields one token per sequence, or the accepted length when
     speculating. Tokens/s, and which of the two bounds it."""
-    int8_rate = rates.int8_gflop_s or rates.bf16_gflop_s
+    float_rate = (rates.fp32_gflop_s if found.dtype == "float32" else None) or rates.bf16_gflop_s
+    int8_rate = rates.int8_gflop_s or float_rate
 
     def seconds(model: Traffic, passes: float, tokens: float) -> tuple[float, float]:
         read = passes * (model.weights_bytes + batch * context * model.kv_bytes_per_position) / (rates.read_gb_s * 1e9)
-        compute = batch * tokens * 2 * (model.macs_int8 / (int8_rate * 1e9) + model.macs_bf16 / (rates.bf16_gflop_s * 1e9))
+        compute = batch * tokens * 2 * (model.macs_int8 / (int8_rate * 1e9) + model.macs_bf16 / (float_rate * 1e9))
         return read, compute
 
     memory_s, compute_s = seconds(found, 1, 1 + (speculation.proposed if speculation else 0))

@@ -120,6 +120,7 @@ def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardwa
         # and llmopt's is called by its library's schema: a changed library compiles anew
         relevant["linear_kernels"] = f"{linear} {kernels.library_path().name}" if linear == "llmopt" else linear
     relevant["compilation"]["wrapper"] = vllm.graph_wrapper(config, hw)  # Inductor's generated code differs
+    relevant["dtype"] = vllm.dtype(config, hw)
     spec = relevant.get("speculative")
     if spec:
         spec = {k: v for k, v in spec.items() if k not in UNCOMPILED_SPECULATION}

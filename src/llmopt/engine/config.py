@@ -83,7 +83,10 @@ class EngineConfig(_Settings):
     max_num_batched_tokens: int | None = Field(
         None, gt=0, le=1 << 20, description="Tokens scheduled per step: the chunked-prefill budget (vLLM's default if unset)."
     )
-    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Activation and unquantized-weight dtype.")
+    dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
+        None, description="Activation and unquantized-weight dtype; unset: chosen from the machine (bfloat16, or float32 "
+        "on x86 processors without AVX-512, where vLLM has no bf16 matmul and torch's runs 2-9x slower than fp32)."
+    )
     stream_interval: int = Field(
         1, ge=1, le=4096, description="Output tokens the server gathers into each streamed chunk after the first: "
         "fewer chunks to serialize and send, at the cost of a burstier stream (1: every token as it comes)."

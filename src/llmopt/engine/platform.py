@@ -189,6 +189,16 @@ def default_attention_kernel(hw: Hardware) -> str:
     return "llmopt" if llmopt_kernels_apply(hw) and kernels.built() else "vllm"
 
 
+def default_dtype(hw: Hardware) -> str:
+    """bfloat16 (vLLM's choice for a bf16 model), except on x86 processors without AVX-512: there
+    vLLM's oneDNN refuses a bf16 matmul and torch's fallback multiplies at ~9.5 GFLOP/s whatever the
+    batch on the project's Zen 3 EPYC (AVX2), against fp32's 19-85 (2x at one row, 9x at 512), so
+    float32 serves faster despite streaming twice the bytes (benchmarks/README.md,
+    "engine_cpu_settings.py"). AVX-512 without BF16 was not measured and keeps vLLM's choice."""
+    x86 = any(flag.startswith("avx") for flag in hw.cpu_flags)
+    return "float32" if hw.device == "cpu" and x86 and "avx512f" not in hw.cpu_flags else "bfloat16"
+
+
 def default_graph_wrapper(hw: Hardware) -> str:
     """Inductor's C++ wrapper on CPU: there vLLM runs its compiled graph as a Python function of
     about 300 kernel and op calls a decode step; from C++, SmolLM2-135M's bf16 decoded 1.07-1.08x

@@ -119,7 +119,7 @@ def _values(config: EngineConfig, served_name: str | None, trust_remote_code: bo
     on_gpu = config.gpu_memory_utilization is not None and (hw or platform.detect()).device != "cpu"
     return {
         "served_name": served_name,
-        "dtype": config.dtype,
+        "dtype": dtype(config, hw),
         "max_model_len": config.max_model_len,
         "seed": config.seed,
         "max_num_seqs": config.max_num_seqs,
@@ -143,6 +143,12 @@ def _compilation(config: EngineConfig, hw: platform.Hardware | None) -> dict[str
     if graph_wrapper(config, hw) == "cpp":
         return {"inductor_compile_config": {"cpp_wrapper": True}}
     return None
+
+
+def dtype(config: EngineConfig, hw: platform.Hardware | None) -> str:
+    """The activations' dtype on the machine `hw` (this one when None, detected only if the choice
+    depends on it)."""
+    return config.dtype or platform.default_dtype(hw or platform.detect())
 
 
 def graph_wrapper(config: EngineConfig, hw: platform.Hardware | None) -> str | None:

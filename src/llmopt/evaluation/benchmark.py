@@ -17,6 +17,7 @@ from typing import Literal
 import httpx
 
 from llmopt import corpus, endpoints, roofline, serving
+from llmopt.engine import vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import compare, levels, pricing, quality
@@ -130,9 +131,10 @@ def decode_bounds(found: list[Level], weights: Path | None, engine: EngineConfig
     if rates is None or weights is None:
         return
     spec = engine.speculative if engine is not None else None
+    dtype = vllm.dtype(engine or EngineConfig(), None)
     try:
-        traffic = roofline.traffic(weights)
-        draft = roofline.traffic(Path(spec.model)) if spec is not None and spec.model else None
+        traffic = roofline.traffic(weights, dtype)
+        draft = roofline.traffic(Path(spec.model), dtype) if spec is not None and spec.model else None
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return
     for level in found:

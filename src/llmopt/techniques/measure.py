@@ -86,7 +86,7 @@ def _base_key(ctx: BuildContext) -> str:
     return hashing.json_sha256({
         "source": ctx.source.content_hash,
         "engine": vllm.engine_name_version(),
-        "dtype": EngineConfig().dtype,
+        "dtype": vllm.dtype(EngineConfig(), ctx.hardware),
         "heldout": corpus.heldout_texts(),
         "greedy_prompts": quality.GREEDY_PROMPTS,
         "greedy_sampling": quality.GREEDY_SAMPLING,
