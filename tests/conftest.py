@@ -41,17 +41,18 @@ from llmopt.executors import ray as ray_executor  # noqa: E402
 # llmopt's default shapes, so the session endpoint and the baseline artifact share compiled code;
 # a smaller KV cache, which the compile cache's key leaves out
 SMALL_ENGINE = EngineConfig(kv_cache_gib=1)
-# SmoothQuant that quantizes in seconds (round-to-nearest weights, 8 samples), the lm_head too: the
-# retried job after a kill builds the artifact test_quantization's lm_head scheme reuses, and the job
-# refused for its budget shares its weights and compiled code (the budget is in neither key). It
-# landed at +2.6% (GPTQ weights: +1.0%); the suite allows 5% where the built-in budget is 3%.
-QUICK_SMOOTHQUANT = {"method": "smoothquant", "weights": "rtn", "calibration": {"samples": 8, "sequence_length": 128},
-                     "ignore": [], "max_perplexity_increase": 0.05}
 # Without VNNI, oneDNN sums int8 products in 16 bits, which saturate: there the built-in SmoothQuant
-# recipe's perplexity rose 3.1% (AVX2 Zen 3 EPYC), over its 3% budget, and the compatibility matrix
+# recipe's perplexity rose 3.1-3.5% (AVX2 Zen 3 EPYC), over its 3% budget, and the compatibility matrix
 # marks it slow with that reason. The suite's SmoothQuant jobs run the same recipe with 5% there.
 VNNI = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(platform.detect().cpu_flags))
 SUITE_SMOOTHQUANT = {"name": "smoothquant", "quantization": {"method": "smoothquant", **({} if VNNI else {"max_perplexity_increase": 0.05})}}
+# SmoothQuant that quantizes in seconds (round-to-nearest weights, 8 samples), the lm_head too: the
+# retried job after a kill builds the artifact test_quantization's lm_head scheme reuses, and the job
+# refused for its budget shares its weights and compiled code (the budget is in neither key). It
+# landed at +2.6% (GPTQ weights: +1.0%); the suite allows 5% where the built-in budget is 3%, and
+# 8% without VNNI, where it landed at +5.2%.
+QUICK_SMOOTHQUANT = {"method": "smoothquant", "weights": "rtn", "calibration": {"samples": 8, "sequence_length": 128},
+                     "ignore": [], "max_perplexity_increase": 0.05 if VNNI else 0.08}
 
 
 _RUNNING: dict[str, pytest.Item | None] = {"item": None}
