@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 import llmopt
-from llmopt import client, endpoints, recipe, sources
+from llmopt import client, endpoints, recipe, sources, techniques
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
@@ -463,8 +463,13 @@ def test_every_catalogued_model_ships_configurations() -> None:
 
 @pytest.mark.engine
 def test_deploy_a_shipped_configuration(smol: sources.Model) -> None:
-    # a pick with the least to build: what is under test is deploying from a shipped configuration, not its build
-    shipped = min((c for c in configs.for_model(smol.id) if c.source == "shipped" and c.picks), key=lambda c: len(c.recipe))
+    # a pick with the least to build (what is under test is deploying from a shipped configuration, not
+    # its build), among those the matrix runs here without a warning: without VNNI SmoothQuant's
+    # built-in budget fails (+3.5% on a Zen 3 EPYC), and n-gram alone is shipped too
+    here = platform.detect()
+    clean = [c for c in configs.for_model(smol.id) if c.source == "shipped"
+             and not (lambda v: v.refusals or v.warnings)(techniques.check(recipe.parse(c.recipe), smol, here))]
+    shipped = min(clean, key=lambda c: (not c.picks, len(c.recipe)))
     deployed = run_cli("deploy", smol.id, "--config", shipped.name, "--name", "shipped-config")
     assert deployed.returncode == 0, deployed.stderr[-2000:]
     if not shipped.same_machine(platform.detect()):
