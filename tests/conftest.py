@@ -44,7 +44,7 @@ SMALL_ENGINE = EngineConfig(kv_cache_gib=1)
 # Without VNNI, oneDNN sums int8 products in 16 bits, which saturate: there the built-in SmoothQuant
 # recipe's perplexity rose 3.1-3.5% (AVX2 Zen 3 EPYC), over its 3% budget, and the compatibility matrix
 # marks it slow with that reason. The suite's SmoothQuant jobs run the same recipe with 5% there.
-VNNI = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(platform.detect().cpu_flags))
+VNNI = platform.detect().has_vnni
 SUITE_SMOOTHQUANT = {"name": "smoothquant", "quantization": {"method": "smoothquant", **({} if VNNI else {"max_perplexity_increase": 0.05})}}
 # SmoothQuant that quantizes in seconds (round-to-nearest weights, 8 samples), the lm_head too: the
 # retried job after a kill builds the artifact test_quantization's lm_head scheme reuses, and the job

@@ -211,6 +211,9 @@ def test_layer_shapes_no_group_fits_are_refused(tmp_path: Path) -> None:
     model = sources.import_model(str(odd), name="tiny-odd-widths")
     verdict = techniques.check(Recipe(quantization=AWQ()), model, AVX512)  # where the matrix lets AWQ run at all
     assert any("no group size from 16 to 128 divides the layer widths [72, 128, 200]" in r for r in verdict.refusals), verdict.refusals
+    if "avx512f" in platform.detect().cpu_flags:  # and from the command line, where AWQ runs here
+        assert_one_line_error(run_cli("optimize", "--model", "tiny-odd-widths", "--quantize", "awq"),
+                              "no group size from 16 to 128 divides the layer widths [72, 128, 200]")
     config = json.loads((odd / "config.json").read_text())
     with pytest.raises(LlmoptError, match="fp8 block: no block size"):  # where the matrix lets FP8 block run at all
         schemes.fit(FP8(scheme="block"), config)

@@ -30,12 +30,13 @@ class Row(BaseModel):
     status: str  # supported | slow (runs, with a warning) | refused | unavailable (not built yet)
     reason: str = ""
     instead: str = ""
-    processors: list[str] | None = None  # CPU flags a row needs, e.g. [amx_int8]; unset: any processor
+    processors: list[str] | None = None  # CPU flags a row needs, e.g. [amx_int8], or alternatives, "avx_vnni|amx_int8"; unset: any
 
     def matches(self, technique: str, architecture: str, hardware: Hardware) -> bool:
         return (self.technique == technique and self.hardware in ("any", hardware.device)
                 and (self.architectures == "any" or architecture in self.architectures)
-                and (self.processors is None or all(flag in hardware.cpu_flags for flag in self.processors)))
+                and (self.processors is None
+                     or all(any(flag in hardware.cpu_flags for flag in need.split("|")) for need in self.processors)))
 
 
 @dataclass

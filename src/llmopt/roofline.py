@@ -94,7 +94,7 @@ def _print_rates(cores: int) -> None:
     int8: float | None = None
     # without VNNI torch's int8 matmul is a reference loop (0.9 GFLOP/s on a Zen 3 EPYC), nothing like
     # the engine's oneDNN kernel: no int8 rate, and the bound takes the float one for int8 layers
-    if {"avx512_vnni", "avx_vnni", "amx_int8"} & set(hw.cpu_flags):
+    if hw.has_vnni:
         try:
             ai, bi = torch.randint(-8, 8, (n, n), dtype=torch.int8), torch.randint(-8, 8, (n, n), dtype=torch.int8)
             int8 = round(2 * n**3 / _best_seconds(lambda: torch._int_mm(ai, bi)) / 1e9, 1)

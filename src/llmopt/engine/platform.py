@@ -82,6 +82,12 @@ class Hardware(BaseModel):
         return found
 
     @property
+    def has_vnni(self) -> bool:
+        """VNNI (AVX-512's, AVX's or AMX's int8), which sums int8 products in 32 bits: without it,
+        oneDNN's int8 products sum in 16 and saturate (the compatibility matrix's SmoothQuant rows)."""
+        return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(self.cpu_flags))
+
+    @property
     def has_amx(self) -> bool:
         """AMX tiles, which choose vLLM's CPU kernels (and llmopt's choice among them)."""
         return any(flag.startswith("amx") for flag in self.cpu_flags)

@@ -146,8 +146,8 @@ def _compilation(config: EngineConfig, hw: platform.Hardware | None) -> dict[str
 
 
 def dtype(config: EngineConfig, hw: platform.Hardware | None) -> str:
-    """The activations' dtype on the machine `hw` (this one when None, detected only if the choice
-    depends on it)."""
+    """The activations' dtype on the machine `hw` (this one when None, detected unless the settings
+    name a dtype)."""
     return config.dtype or platform.default_dtype(hw or platform.detect())
 
 
