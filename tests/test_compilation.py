@@ -51,8 +51,9 @@ def test_job_compiles_for_its_shapes_and_records_both_starts(compiled: llmopt.Jo
     assert shipped["key"] == c.key and shipped["components"]["settings"]["max_num_seqs"] == 8
     shipped_models = list((compiled.artifact / compile_cache.ARTIFACT_DIR / "vllm").rglob("torch_aot_compile/*/rank_0_0/model"))
     assert shipped_models, "vLLM's saved compiled model is shipped"
-    if platform.detect().device == "cpu":  # the graph is run from C++ there: Inductor's wrapper library is shipped with it
-        assert shipped["components"]["settings"]["compilation"]["wrapper"] == "cpp"
+    wrapper = platform.default_graph_wrapper(platform.detect())
+    assert shipped["components"]["settings"]["compilation"]["wrapper"] == wrapper
+    if wrapper == "cpp":  # the graph is run from C++: Inductor's wrapper library is shipped with it
         assert list((compiled.artifact / compile_cache.ARTIFACT_DIR / "vllm").rglob("inductor_cache/*/*.main.so"))
     # the measure step's start, after the compile step, compiled nothing
     assert manifest.metrics.start.outcome == "precompiled" and manifest.metrics.start.compiled_files_added == 0
@@ -222,7 +223,7 @@ def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.
     assert len(set(changed.values())) == len(changed)
     # the linear kernels are ops in the graph: keyed as resolved on the machine, not as written
     amx = platform.Hardware(cpu_flags=("avx512_bf16", "avx512_vnni", "amx_tile"), **cpu)
-    no_amx = platform.Hardware(cpu_flags=("avx512_bf16", "avx512_vnni"), **cpu)
+    no_amx = platform.Hardware(cpu_flags=("avx512f", "avx512_bf16", "avx512_vnni"), **cpu)
     assert _key(tmp_path, hw=amx, settings={"linear_kernels": "packed"}) != _key(tmp_path, hw=amx)
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": platform.default_linear_kernels(no_amx)}) == _key(tmp_path, hw=no_amx)
     assert _key(tmp_path, settings={"compilation": {"wrapper": platform.default_graph_wrapper(no_amx)}}) == base

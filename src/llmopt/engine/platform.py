@@ -88,6 +88,12 @@ class Hardware(BaseModel):
         return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(self.cpu_flags))
 
     @property
+    def x86_without_avx512(self) -> bool:
+        """An x86 CPU with AVX2 at most, where vLLM loads its AVX2 build: no bf16 matmul, no W4A16
+        kernel, no FP8 KV cache (the defaults and the compatibility matrix follow it)."""
+        return self.device == "cpu" and any(f.startswith("avx") for f in self.cpu_flags) and "avx512f" not in self.cpu_flags
+
+    @property
     def has_amx(self) -> bool:
         """AMX tiles, which choose vLLM's CPU kernels (and llmopt's choice among them)."""
         return any(flag.startswith("amx") for flag in self.cpu_flags)
@@ -201,16 +207,18 @@ def default_dtype(hw: Hardware) -> str:
     batch on the project's Zen 3 EPYC (AVX2), against fp32's 19-85 (2x at one row, 9x at 512), so
     float32 serves faster despite streaming twice the bytes (benchmarks/README.md,
     "engine_cpu_settings.py"). AVX-512 without BF16 was not measured and keeps vLLM's choice."""
-    x86 = any(flag.startswith("avx") for flag in hw.cpu_flags)
-    return "float32" if hw.device == "cpu" and x86 and "avx512f" not in hw.cpu_flags else "bfloat16"
+    return "float32" if hw.x86_without_avx512 else "bfloat16"
 
 
 def default_graph_wrapper(hw: Hardware) -> str:
-    """Inductor's C++ wrapper on CPU: there vLLM runs its compiled graph as a Python function of
-    about 300 kernel and op calls a decode step; from C++, SmolLM2-135M's bf16 decoded 1.07-1.08x
-    faster served at batch 1 in each of three alternating rounds (benchmarks/README.md,
-    "engine_cpu_settings.py"). On GPUs vLLM replays CUDA graphs, and the Python wrapper stays."""
-    return "cpp" if hw.device == "cpu" else "python"
+    """Inductor's C++ wrapper on CPUs with AVX-512: there vLLM runs its compiled graph as a Python
+    function of about 300 kernel and op calls a decode step; from C++, SmolLM2-135M's bf16 decoded
+    1.07-1.08x faster served at batch 1 in each of three alternating rounds on Zen 5. On x86 without
+    AVX-512 (float32 there) the Python wrapper: on a Zen 3 EPYC the two decoded alike within the
+    noise of two rounds (medians 27.9 and 25.5 tokens/s at batch 1, 111 both at 8), and a cold
+    compile took 142 s against 192 (benchmarks/README.md, "engine_cpu_settings.py"). On GPUs vLLM
+    replays CUDA graphs, and the Python wrapper stays."""
+    return "cpp" if hw.device == "cpu" and not hw.x86_without_avx512 else "python"
 
 
 def kernels_build(hw: Hardware) -> str:
