@@ -93,10 +93,13 @@ def test_kubernetes_export_serves_the_artifact_as_export_command_would(baseline:
     printed = run_cli("export-command", str(baseline.artifact), "--port", str(port))
     assert printed.returncode == 0, printed.stderr
     command = shlex.split(printed.stdout)
-    # the same but for the dtype: an export's target processor is unknown, so it gets vLLM's choice
-    # (bf16), where export-command renders this machine's (float32 without AVX-512)
+    # the same but for the dtype and the graph's wrapper: an export's target processor is unknown, so
+    # it gets vLLM's bf16 and the C++ wrapper, where export-command renders this machine's choices
+    # (float32 and Python's wrapper without AVX-512)
     here = argv[:]
     here[here.index("--dtype") + 1] = vllm.dtype(llmopt.EngineConfig(), None)
+    if vllm.graph_wrapper(llmopt.EngineConfig(), None) != "cpp":
+        del here[here.index("--compilation-config"):here.index("--compilation-config") + 2]
     assert command[command.index("python"):] == ["python"] + here[1:]  # the image's python3 is this venv's python
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMOPT")}
     env.update({item["name"]: item["value"] for item in container["env"]})
