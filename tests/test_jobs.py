@@ -99,7 +99,8 @@ def test_kubernetes_export_serves_the_artifact_as_export_command_would(baseline:
     here = argv[:]
     here[here.index("--dtype") + 1] = vllm.dtype(llmopt.EngineConfig(), None)
     if vllm.graph_wrapper(llmopt.EngineConfig(), None) != "cpp":
-        del here[here.index("--compilation-config"):here.index("--compilation-config") + 2]
+        at = here.index("--compilation-config")
+        del here[at:at + 2]
     assert command[command.index("python"):] == ["python"] + here[1:]  # the image's python3 is this venv's python
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMOPT")}
     env.update({item["name"]: item["value"] for item in container["env"]})
