@@ -19,24 +19,14 @@ import safetensors.numpy
 import safetensors.torch
 
 import llmopt
-from llmopt import Compilation, Recipe
 from llmopt import artifact, endpoints, hashing, paths, sources
 from llmopt.engine import compile_cache, kernels, platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.evaluation import quality
-from llmopt.jobs import store
 
 from conftest import SMALL_ENGINE, run_cli
 
-SHAPES = Compilation(max_num_seqs=8, max_model_len=2048)
 WEIGHTS = {"w": np.zeros((2, 3), np.float32), "k_scale": np.array([1.0], np.float32)}
-
-
-@pytest.fixture(scope="module")
-def compiled(smol: sources.Model) -> llmopt.Job:
-    job = llmopt.optimize(smol.id, Recipe(compilation=SHAPES), name="compiled-job")
-    assert job.status == store.COMPLETED, job.record.failure_reason
-    return job
 
 
 @pytest.mark.engine

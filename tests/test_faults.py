@@ -305,7 +305,8 @@ def test_kills_at_every_stage_leave_true_records(smol: sources.Model, baseline: 
     quick = {"quantization": QUICK_SMOOTHQUANT}
     kept = quantization.kept_weights(schemes.SmoothQuant(**QUICK_SMOOTHQUANT), smol, 1)
     shutil.rmtree(kept, ignore_errors=True)  # quantizing here, whatever this session quantized before (kept weights are linked)
-    job = llmopt.optimize(smol.id, quick, name="killed-mid-quantize", wait=False)
+    # built here, not reused: without VNNI the demo's test built this artifact already (conftest)
+    job = llmopt.optimize(smol.id, quick, name="killed-mid-quantize", force=True, wait=False)
     deadline = time.monotonic() + 300
     while job.record.progress.get("quantize", store.StepProgress()).fraction < 0.1 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -315,7 +316,7 @@ def test_kills_at_every_stage_leave_true_records(smol: sources.Model, baseline: 
     assert record.status == store.FAILED and "died without finishing" in record.failure_reason
     assert not Path(record.output_dir).exists() and not record.workdir.exists()
     assert not kept.exists(), "killed before quantizing was done: no weights kept"
-    retry = llmopt.optimize(smol.id, quick, name="retry-after-kill")
+    retry = llmopt.optimize(smol.id, quick, name="retry-after-kill", force=True)
     assert retry.status == store.COMPLETED, retry.record.failure_reason
     # the engine, mid-start: the deploy fails with its log and the record says so
     cli = subprocess.Popen([sys.executable, "-c", "from llmopt.cli import main; main()", "deploy", str(retry.artifact),
