@@ -4,6 +4,7 @@ report in headless Chromium, and the failure paths (bad data, unreachable or dyi
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import shutil
 import subprocess
@@ -15,13 +16,15 @@ from pathlib import Path
 import httpx
 import pytest
 from aiohttp import web
+from rich.console import Console
 
 import llmopt
 from llmopt.engine.vllm import free_port
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import loadgen, workload
-from llmopt.evaluation.results import Ratio
+from llmopt.evaluation.results import Comparison, LevelRatios, Ratio, TargetComparison
 from llmopt.evaluation import stub as stub_server
+from llmopt.presentation import terminal
 
 from conftest import assert_one_line_error, run_cli
 
@@ -335,3 +338,23 @@ def _screenshot(html: Path, name: str) -> None:
                     f"--user-data-dir={html.parent / 'chromium-profile'}", "--window-size=1400,2000",
                     f"--screenshot={png}", html.as_uri()], capture_output=True, timeout=120)
     assert png.exists() and png.stat().st_size > 20_000, "Chromium did not render the report"
+
+
+def test_a_comparison_too_wide_for_the_terminal_names_the_level_in_every_table() -> None:
+    """A comparison row is a target at a level; where the columns go on in further tables, each is
+    led by both, so no row reads as a repeat of the one above it."""
+    def level(concurrency: int) -> LevelRatios:
+        r = Ratio(value=1.2, low=1.1, high=1.3, leg="equal work", better="higher")
+        return LevelRatios(concurrency=concurrency, output_tokens_per_s=r, requests_per_s=r, total_tokens_per_s=r,
+                           blended_price=r, ttft_p50=r, tpot_p50=r, latency_p50=r)
+
+    compared = Comparison(reference="base", targets=[TargetComparison(label="optimized", reference="base",
+                                                                      levels=[level(1), level(4)], perplexity_ratio=1.01)])
+    out = io.StringIO()
+    terminal.comparison_listing(compared, Console(file=out, width=120))
+    tables = [t for t in out.getvalue().split("┏") if "┃" in t]
+    assert len(tables) > 1, "the columns do not fit 120 characters: more than one table"
+    for table in tables:
+        assert "┃ concurrency" in table
+        body = [line for line in table.splitlines() if line.startswith("│ optimized")]
+        assert [line.split("│")[2].strip() for line in body] == ["1", "4"], table

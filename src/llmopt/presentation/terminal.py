@@ -7,7 +7,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.evaluation.results import EvaluationResults, Stats
+from llmopt.evaluation.results import Comparison, EvaluationResults, Stats
 from llmopt.presentation import comparison
 from llmopt.presentation.format import bound, money, num
 
@@ -70,6 +70,12 @@ def evaluation(results: EvaluationResults, console: Console) -> None:
         if target.aborted:
             console.print(f"[red]aborted:[/] {target.aborted}")
     if results.comparison:
-        head, rows = comparison.table(results.comparison)
-        listing(console, f"Against {results.comparison.reference}", head, rows)
-        console.print(comparison.NOTE)
+        comparison_listing(results.comparison, console)
+
+
+def comparison_listing(compared: Comparison, console: Console) -> None:
+    """A row is a target at a level, so both lead every table its columns go on in: led by the
+    target alone, a narrow terminal printed the quality columns as the same row twice."""
+    head, rows = comparison.table(compared)
+    listing(console, f"Against {compared.reference}", head, rows, keys=2)
+    console.print(comparison.NOTE)
