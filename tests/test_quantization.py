@@ -19,7 +19,7 @@ from llmopt.evaluation import quality
 from llmopt.jobs import store
 from llmopt.techniques.quantization import calibration, schemes
 
-from conftest import QUICK_SMOOTHQUANT, SUITE_SMOOTHQUANT, VNNI, assert_one_line_error, run_cli
+from conftest import QUICK_SMOOTHQUANT, SUITE_SMOOTHQUANT, assert_one_line_error, run_cli
 
 SCHEMES = {
     # name: (recipe, the kernel vLLM must pick on CPU, checkpoint format)
@@ -32,10 +32,10 @@ SCHEMES = {
     # the built-in smoothquant recipe: the session's `smoothquant` fixture builds it, this job reuses its artifact
     "smoothquant": (recipes.parse(SUITE_SMOOTHQUANT), "CPUInt8ScaledMMLinearKernel", "int-quantized"),
     # the lm_head too (untied from the embeddings, INT8 per channel): the bytes every token reads.
-    # The suite's quick SmoothQuant (conftest), whose artifact test_faults' retried job built; without
-    # VNNI it is the suite's SmoothQuant recipe itself, checked in the case above
+    # The suite's quick SmoothQuant (conftest), whose artifact test_faults' retried job built; left out
+    # where it is the suite's SmoothQuant recipe itself (without VNNI), checked in the case above
     **({"smoothquant-lm-head": (Recipe(quantization=SmoothQuant(**QUICK_SMOOTHQUANT)), "CPUInt8ScaledMMLinearKernel",
-                                "int-quantized")} if VNNI else {}),
+                                "int-quantized")} if SUITE_SMOOTHQUANT["quantization"] != QUICK_SMOOTHQUANT else {}),
     # needs AMX tiles on CPU: refused by the matrix on other processors, which the test then checks instead
     "fp8-block": (Recipe(quantization=FP8(scheme="block")), "CPUFp8BlockScaledMMKernel", "float-quantized"),
     "kv-fp8": (Recipe(kv_cache=KVCache(dtype="fp8")), None, None),
