@@ -11,8 +11,8 @@ the entry again and deploys (cold, the kernels kept by the first start copied in
 precompiled start: the saved model is loaded, nothing is traced or compiled), deploys once more with
 the engine core spawned (`platform.SPAWNED_CORE_ENV`), then starts vLLM's
 plain server against a scratch Inductor cache filled by a cold start of its own. Reports the
-medians and ratios. Writes benchmarks/results/compile_cache.json.
-Usage: python benchmarks/compile_cache.py [rounds]
+medians and ratios. Writes benchmarks/results/compile_cache.json, or the file named.
+Usage: python benchmarks/compile_cache.py [rounds] [results file name]
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def plain_start(cache: Path, log: Path) -> tuple[float, dict[str, float]]:
         server.stop()
 
 
-def main(rounds: int) -> None:
+def main(rounds: int, out_name: str) -> None:
     cold, kept, warm, spawned, plain, phases = [], [], [], [], [], {}
     for r in range(rounds):
         entry = compile_cache.entry_for(sources.resolve(MODEL).path, ENGINE, platform.detect())
@@ -105,10 +105,10 @@ def main(rounds: int) -> None:
     print(f"\n{'phase (last round)':<60}" + "".join(f"{k[:28]:>30}" for k in phases))
     for name in names:
         print(f"{name:<60}" + "".join(f"{p.get(name, 0):>30.1f}" for p in phases.values()))
-    out = Path(__file__).parent / "results" / "compile_cache.json"
+    out = Path(__file__).parent / "results" / out_name
     out.write_text(json.dumps(row, indent=2) + "\n")
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3, sys.argv[2] if len(sys.argv) > 2 else "compile_cache.json")

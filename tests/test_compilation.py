@@ -47,6 +47,9 @@ def test_job_compiles_for_its_shapes_and_records_both_starts(compiled: llmopt.Jo
         assert list((compiled.artifact / compile_cache.ARTIFACT_DIR / "vllm").rglob("inductor_cache/*/*.main.so"))
     # the measure step's start, after the compile step, compiled nothing
     assert manifest.metrics.start.outcome == "precompiled" and manifest.metrics.start.compiled_files_added == 0
+    # the compiling start warmed up (so compiled) over the whole batch budget, as vLLM does
+    compiling_log, = paths.logs_dir().glob(f"compile*{compiled.name}*.log")
+    assert "Warming up done" in compiling_log.read_text() and platform.SHORT_WARM_UP_LINE not in compiling_log.read_text()
     # where the start's time went, phase by phase, from the engine's log (vLLM stamps it to the second)
     assert list(manifest.metrics.start.phases) == [name for name, _ in vllm.START_PHASES]
     assert sum(manifest.metrics.start.phases.values()) == pytest.approx(manifest.metrics.start.ready_seconds, abs=0.5)
@@ -75,8 +78,13 @@ def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llm
         assert cache.key == key and cache.outcome == "precompiled" and cache.compiled_files_added == 0
         assert endpoint.environment["TORCHINDUCTOR_CACHE_DIR"] == str(entry / "inductor")
         assert _compiled_code(entry) == before, "a precompiled start writes no compiled code"
-        # vLLM loaded its saved compiled model (engine/serve.py's fix), so it traced nothing either
-        assert "Directly load AOT compilation" in Path(endpoint.log_path).read_text()
+        # vLLM loaded its saved compiled model (engine/serve.py's fix), so it traced nothing either,
+        # and warmed it up over a few tokens, not its whole batch budget
+        log = Path(endpoint.log_path).read_text()
+        assert "Directly load AOT compilation" in log and platform.SHORT_WARM_UP_LINE in log
+        # vLLM's facts about the model class are kept once for every entry, not in each entry's root
+        assert list((compile_cache.root() / compile_cache.MODEL_INFOS_DIR).glob("*LlamaForCausalLM.json"))
+        assert not list(entry.rglob("modelinfos"))
         # the baseline artifact's engine compiled its graphs at start; the outputs are the same
         greedy = quality.greedy_tokens(endpoint.url, endpoint.served_name)
         assert greedy == artifact.verify(baseline.artifact).metrics.greedy_tokens

@@ -594,13 +594,15 @@ def demo(
     model: str = typer.Option(sdk.DEFAULT_MODEL, help="Model to optimize."),
     recipe: str = typer.Option("auto", "--recipe", "-r",
                                help="'auto' (what pays on this processor), a built-in recipe name or a YAML/JSON file."),
+    concurrency: str = typer.Option("1,4", help="Comma-separated concurrency levels to compare at (and sweep speculation at)."),
     requests: int = typer.Option(8, help="Requests per level, the same prompts at every level (at least 4 per user of the highest)."),
     min_duration: float = typer.Option(30.0, help="Seconds each level runs at least."),
     output: Path = typer.Option(Path("llmopt-demo"), help="Folder for results.json and report.html."),
 ) -> None:
     """The main job: optimize a model with what pays on this processor, then load-test it side by side
     with the original, throughput on equal work, and say what it bought and what it cost."""
-    levels = (1, 4)
+    levels = tuple(_levels(concurrency))
+    sdk.evaluation_plan(concurrency=levels, requests=requests, min_duration_s=min_duration)  # refused before the job, not after
     with _working(f"importing {model} (once)"):
         imported = sdk.resolve_model(model)
     console.print(f"model [bold]{imported.id}[/] at {imported.path} (sha256 {imported.content_hash[:12]})")

@@ -47,7 +47,7 @@ JOB_EXECUTORS = executors.NAMES
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
     "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warning", "demo_recipe", "deploy", "configs",
-    "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "export_deployment", "EXPORT_FORMATS", "get_endpoint",
+    "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_plan", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "export_deployment", "EXPORT_FORMATS", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "kept_kernels", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
     "remove_model", "resolve_model", "stop_endpoint", "stop_job", "JOB_EXECUTORS",
@@ -400,7 +400,7 @@ def evaluate(
         chosen += [(item, "model") for item in compare]
     if not chosen or (len(chosen) > 1 and not compare):
         raise LlmoptError("name what to evaluate", "pass exactly one of --endpoint, --url, --model, or --compare A B ...")
-    plan = _plan(dataset=dataset, concurrency=tuple(concurrency), requests=None if duration_s else requests,
+    plan = evaluation_plan(dataset=dataset, concurrency=tuple(concurrency), requests=None if duration_s else requests,
                  duration_s=duration_s, min_duration_s=min_duration_s, timeout_s=timeout_s, seed=seed,
                  goodput={"ttft_ms": ttft_target_ms, "itl_ms": itl_target_ms})
     price = pricing.choose(hardware, price_per_hour, discount, Path(hardware_file) if hardware_file else None)
@@ -459,7 +459,9 @@ def engine_config(**settings: Any) -> EngineConfig:
     return _validated(EngineConfig, "engine setting", "see `llmopt deploy --help`", settings)
 
 
-def _plan(**fields: Any) -> Plan:
+def evaluation_plan(**fields: Any) -> Plan:
+    """An evaluation's settings, checked: a command that builds before it evaluates (the demo)
+    refuses bad ones before it builds."""
     return _validated(Plan, "evaluation setting", "see `llmopt evaluate --help`", fields)
 
 

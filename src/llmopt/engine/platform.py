@@ -24,6 +24,8 @@ from llmopt.engine import kernels
 PACKED_LINEAR_ENV = "LLMOPT_PACKED_LINEAR"  # set: llmopt's server module gives linear layers vLLM's packed kernels
 INDUCTOR_KERNELS_ENV = "LLMOPT_INDUCTOR_KERNELS"  # a folder: the server shares Inductor's compiled C++ kernels there
 KERNEL_REUSED_LINE = "llmopt: Inductor's C++ kernel reused from an earlier compile"  # the server logs one a kernel
+MODEL_INFOS_ENV = "LLMOPT_MODEL_INFOS"  # a folder: the server keeps vLLM's model-class facts there, for every entry
+SHORT_WARM_UP_LINE = "llmopt: warm-up shortened, the compiled model was loaded"  # the server logs it when it was
 SPAWNED_CORE_ENV = "LLMOPT_SPAWNED_ENGINE_CORE"  # set: its engine core is spawned, as vLLM's CPU platform does (benchmarks)
 VLLM_ATTENTION_CALLS_ENV = "LLMOPT_VLLM_ATTENTION_CALLS"  # "1": vLLM's attention methods, not `attention_calls` (benchmarks)
 TCMALLOC_CANDIDATES = (
