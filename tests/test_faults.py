@@ -80,7 +80,8 @@ def _bad_inputs(tmp: Path, smol: sources.Model) -> list[tuple[list[str], str]]:
         (["evaluate", "--model", DEFAULT, "--ttft-target", "-5"], "ttft_ms"),
         (["evaluate", "--model", DEFAULT, "--concurrency", "0"], "concurrency"),
         (["evaluate", "--model", DEFAULT, "--requests", "0"], "requests"),
-        (["demo", "--concurrency", "0"], "concurrency"),  # before its job, not after
+        (["demo", "--recipe", "baseline", "--concurrency", "0"], "concurrency"),  # before its job, not after
+        (["demo", "--recipe", "baseline", "--concurrency", "2,1"], "concurrency"),
         (["demo", "--concurrency", "1,x"], "bad --concurrency"),
         (["evaluate", "--model", DEFAULT, "--dataset", str(tmp / "missing.jsonl")], "unknown dataset"),
         (["evaluate", "--model", DEFAULT, "--dataset", str(infinity)], "no valid line"),

@@ -248,32 +248,40 @@ def _short_warm_up_when_loaded() -> None:
     loads the model it compiled and saved before, the same pass only computes: 3.1-3.4 s of a
     24.6 s precompiled start of SmolLM2-135M in float32 on a Zen 3 EPYC. The pass runs
     `WARM_UP_TOKENS` first; the first load that finds nothing saved stops it before anything is
-    compiled, and the full pass runs, so what is compiled and saved is what it always was."""
+    compiled, and the full pass runs, so what is compiled and saved is what it always was. With
+    more than one rank the pass stays whole: one rank loading and another compiling would run
+    collectives of different sizes."""
     from vllm import envs
     from vllm.compilation import decorators
     from vllm.logger import init_logger
+    importlib.import_module("vllm.v1.worker.cpu_worker")  # first: it imports vLLM's CPU fixes before the runners
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     load = getattr(decorators, "_try_load_aot_compiled_fn", None)
     if load is None or not envs.VLLM_USE_AOT_COMPILE or envs.VLLM_DISABLE_COMPILE_CACHE:
         return  # a compile that loads nothing saved: the first pass compiles, so it stays whole
     logger = init_logger("vllm.llmopt")
-    short = {"on": False}
+    short = {"on": False, "loaded": False}
 
     def load_or_stop(model: Any, path: str) -> Any:
         loaded = load(model, path)
-        if loaded is None and short["on"]:
-            raise _NotLoaded
+        if short["on"]:
+            if loaded is None:
+                raise _NotLoaded
+            short["loaded"] = True
         return loaded
 
     warm_up = CPUModelRunner.warming_up_model
 
     def warming_up_model(self: Any) -> None:
+        if self.vllm_config.parallel_config.world_size > 1:  # ranks that load and ranks that compile would fall out of step
+            return warm_up(self)
         budget = self.max_num_tokens
         short["on"], self.max_num_tokens = True, min(budget, WARM_UP_TOKENS)
         try:
             warm_up(self)
-            logger.info("%s: %d tokens", SHORT_WARM_UP_LINE, self.max_num_tokens)
+            if short["loaded"]:  # an eager engine warms nothing up
+                logger.info("%s: %d tokens", SHORT_WARM_UP_LINE, self.max_num_tokens)
             return
         except _NotLoaded:
             pass

@@ -44,6 +44,8 @@ class Plan(BaseModel):
     def _levels(self) -> "Plan":
         if any(c <= 0 or c > MAX_LEVEL for c in self.concurrency):
             raise ValueError(f"concurrency levels must be from 1 to {MAX_LEVEL}, got {list(self.concurrency)}")
+        if list(self.concurrency) != sorted(set(self.concurrency)):
+            raise ValueError(f"concurrency levels must rise, each once, got {list(self.concurrency)}")
         return self
 
     def requests_at(self, concurrency: int) -> int | None:
