@@ -171,7 +171,7 @@ class Entry:
         C++ kernels every entry of this torch version shares (`engine/serve.py`) go by name only,
         which does not hash torch's headers: they are kept apart by torch's version. vLLM's facts
         about a model class, which it keeps under its cache root and learns in a subprocess that
-        imports vLLM again (12-14 s of a start on a Zen 3 EPYC), go by the hash of the class's
+        imports vLLM again (11-12 s of a start on a Zen 3 EPYC), go by the hash of the class's
         source file, so every entry shares one folder of them, as vLLM's own default root does."""
         return {
             "VLLM_USE_AOT_COMPILE": "1",
