@@ -54,12 +54,15 @@ QUICK_SMOOTHQUANT = {"method": "smoothquant", "weights": "rtn", "calibration": {
 # marks it slow with that reason. There the suite's SmoothQuant jobs are the quick recipe itself, its
 # lm_head too: the built-in recipe's GPTQ pass took 366 s there in bf16, which that processor
 # multiplies slowly, and every distinct SmoothQuant artifact is a cold compile (about 100 s there),
-# so the demo's job, the `smoothquant` fixture, the retried job after a kill and test_quantization's
-# SmoothQuant scheme share one artifact and one compiled entry, and the suite stays inside CI's time.
+# so the `smoothquant` fixture, the retried job after a kill and test_quantization's SmoothQuant
+# scheme share one artifact and one compiled entry, and the suite stays inside CI's time. (The
+# demo's test takes the n-gram recipe there: the artifact decoded 3.9x slower than float32.)
 SUITE_SMOOTHQUANT = {"name": "smoothquant", "quantization": {"method": "smoothquant"} if VNNI else QUICK_SMOOTHQUANT}
 
 
 _RUNNING: dict[str, pytest.Item | None] = {"item": None}
+# which collected tests are engine tests, written by xdist's workers for the controller's schedule
+ENGINE_TESTS = os.environ.setdefault("LLMOPT_TEST_ENGINE_TESTS", f"{os.environ['LLMOPT_HOME']}.engine-tests")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -68,6 +71,52 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     behind had filled this machine's disk. A failing session's stays, for its logs."""
     if exitstatus == 0:
         shutil.rmtree(os.environ["LLMOPT_HOME"], ignore_errors=True)
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        Path(ENGINE_TESTS).unlink(missing_ok=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under xdist each worker collects; it writes down which tests are engine tests for the
+    schedule below, which sees node ids only (xdist's own groups rename node ids, which pytest 9.2
+    no longer lets a plugin do)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        engine = [item.nodeid for item in items if item.get_closest_marker("engine") is not None]
+        mine = Path(f"{ENGINE_TESTS}.{os.getpid()}")
+        mine.write_text("\n".join(engine))
+        mine.replace(ENGINE_TESTS)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The suite runs on two xdist workers (`-n 2`): every engine test on the first, in order,
+    sharing that session's engines, artifacts and compiled code, and the other tests on the second
+    beside them. An engine test leaves a core idle for much of its time (a cold compile kept the
+    machine 50-70% busy; imports run on one core). Tests are handed out by index: schemathesis
+    gives each API operation the same node id."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScheduling
+
+    class EngineTierScheduling(LoadScheduling):
+        def schedule(self) -> None:
+            if self.collection is not None or len(self.nodes) < 2 or not self._check_nodes_have_same_collection():
+                return super().schedule()
+            collection = next(iter(self.node2collection.values()))
+            named = set(Path(ENGINE_TESTS).read_text().splitlines()) if Path(ENGINE_TESTS).is_file() else set()
+            engine = [i for i, nodeid in enumerate(collection) if nodeid in named]
+            if not engine:
+                return super().schedule()
+            self.collection, self.maxschedchunk = collection, self.maxschedchunk or len(collection)
+            self.pending[:] = [i for i in range(len(collection)) if collection[i] not in named]
+            first, *others = self.nodes
+            self.node2pending[first].extend(engine)
+            first.send_runtest_some(engine)
+            for node in others:
+                self._send_tests(node, max(2, len(self.pending) // len(others) // 4))
+            if not self.pending:
+                for node in others:
+                    node.shutdown()
+
+    return EngineTierScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -253,3 +302,4 @@ def ray_head() -> Iterator[str]:
         yield address
     finally:
         _ray("stop", timeout=300)
+

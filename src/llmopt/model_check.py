@@ -54,12 +54,14 @@ def tokenizer_follows(folder: Path, rules: TokenizerRules) -> None:
 
 
 def perplexity_prefers_the_rule(folder: Path) -> float:
-    """The model's perplexity with the tokenizer's own rule; refused if the opposite BOS rule is clearly better."""
+    """The model's perplexity with the tokenizer's own rule; refused if the opposite BOS rule is clearly better.
+    In float32, which every x86 processor multiplies natively: the two passes took 8.8 s in bf16 on
+    a Zen 3 EPYC (AVX2, no bf16 instructions), a fifth of a GGUF import."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     text = corpus.heldout_texts()[0]
     ids = tokenizer(text).input_ids[:MAX_TOKENS]
     bos = tokenizer.bos_token_id
