@@ -91,7 +91,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     sharing that session's engines, artifacts and compiled code, and the other tests on the second
     beside them. An engine test leaves a core idle for much of its time (a cold compile kept the
     machine 50-70% busy; imports run on one core). Tests are handed out by index: schemathesis
-    gives each API operation the same node id."""
+    gives each API operation the same node id. A crashed worker is not replaced
+    (`--max-worker-restart 0`): its engine tests would be dealt out to both workers, each with a
+    home and engines of its own, side by side on two cores."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScheduling
@@ -107,14 +109,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                 return super().schedule()
             self.collection, self.maxschedchunk = collection, self.maxschedchunk or len(collection)
             self.pending[:] = [i for i in range(len(collection)) if collection[i] not in named]
-            first, *others = self.nodes
-            self.node2pending[first].extend(engine)
-            first.send_runtest_some(engine)
+            self.engine_node, *others = self.nodes
+            self.node2pending[self.engine_node].extend(engine)
+            self.engine_node.send_runtest_some(engine)
             for node in others:
                 self._send_tests(node, max(2, len(self.pending) // len(others) // 4))
             if not self.pending:
                 for node in others:
                     node.shutdown()
+
+        def check_schedule(self, node: Any, duration: float = 0) -> None:
+            """The engine worker takes other tests only once its own are done: queued behind them
+            they would wait while the other worker ran out of work."""
+            if node is getattr(self, "engine_node", None) and self.node2pending[node] and self.pending:
+                return
+            super().check_schedule(node, duration)
 
     return EngineTierScheduling(config, log)
 

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -156,6 +157,9 @@ def to_hf_folder(gguf_path: Path, dest: Path) -> TokenizerRules:
     return rules
 
 
+_PATCHING = threading.Lock()
+
+
 @contextlib.contextmanager
 def _parsed_once() -> Iterator[None]:
     """Each GGUF parsed once, and each tensor-name map built once, while this block runs.
@@ -167,17 +171,19 @@ def _parsed_once() -> Iterator[None]:
     """
     import gguf as lib
 
-    reader_class, name_map = lib.GGUFReader, lib.get_tensor_name_map
-    readers: dict[tuple[str, str], Any] = {}
+    with _PATCHING:  # one conversion at a time (the studio imports in worker threads): each restores what it found
+        reader_class, name_map = lib.GGUFReader, lib.get_tensor_name_map
+        readers: dict[tuple[str, str], Any] = {}
 
-    def reader(path: str | Path, mode: str = "r") -> Any:
-        key = (str(Path(path).resolve()), mode)
-        if key not in readers:
-            readers[key] = reader_class(path, mode)
-        return readers[key]
+        def reader(path: str | Path, mode: str = "r") -> Any:
+            key = (str(Path(path).resolve()), mode)
+            if key not in readers:
+                readers[key] = reader_class(path, mode)
+            return readers[key]
 
-    lib.GGUFReader, lib.get_tensor_name_map = reader, functools.cache(name_map)
-    try:
-        yield
-    finally:
-        lib.GGUFReader, lib.get_tensor_name_map = reader_class, name_map
+        lib.GGUFReader, lib.get_tensor_name_map = reader, functools.cache(name_map)
+        try:
+            yield
+        finally:
+            lib.GGUFReader, lib.get_tensor_name_map = reader_class, name_map
+

@@ -23,6 +23,7 @@ from llmopt.errors import LlmoptError
 from llmopt.gguf import TokenizerRules
 
 MAX_TOKENS = 256  # of held-out text: enough to tell the rules apart, seconds even for a 1.5B model
+FLOAT32_MAX_BYTES = 1 << 30  # bf16 weights up to this (half a billion parameters) are checked in float32
 MARGIN = 0.9  # the opposite rule must beat the tokenizer's by more than 10% to count as preferred
 
 
@@ -55,13 +56,15 @@ def tokenizer_follows(folder: Path, rules: TokenizerRules) -> None:
 
 def perplexity_prefers_the_rule(folder: Path) -> float:
     """The model's perplexity with the tokenizer's own rule; refused if the opposite BOS rule is clearly better.
-    In float32, which every x86 processor multiplies natively: the two passes took 8.8 s in bf16 on
-    a Zen 3 EPYC (AVX2, no bf16 instructions), a fifth of a GGUF import."""
+    A small model in float32, which every x86 processor multiplies natively: its two passes took
+    8.8 s in bf16 on a Zen 3 EPYC (AVX2, no bf16 instructions), a fifth of a GGUF import; a larger
+    one in bf16, at half the memory."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    weights = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32 if weights <= FLOAT32_MAX_BYTES else torch.bfloat16)
     text = corpus.heldout_texts()[0]
     ids = tokenizer(text).input_ids[:MAX_TOKENS]
     bos = tokenizer.bos_token_id

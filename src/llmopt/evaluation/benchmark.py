@@ -105,14 +105,9 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
             entry.aborted = next((level.aborted for level in entry.levels if level.aborted), None)
             if len(targets) > 1 and entry.aborted is None:
                 if equal_work is None:  # the reference's lengths, replayed on every target (itself included)
-                    lengths = levels.output_lengths(entry.levels)
-                    equal_work = work if work.ignore_eos else work.with_lengths(lengths)
-                    # a level of its own that generated exactly those lengths did that work already
-                    entry.natural_as_equal_work = [] if equal_work is work else [
-                        level.concurrency for level in entry.levels if levels.generated(level, lengths)]
-                done = entry.levels if equal_work is work else [
-                    level for level in entry.levels if level.concurrency in entry.natural_as_equal_work]
-                entry.equal_work = _equal_work(entry, equal_work, counter, plan, price, target.headers, events, done)
+                    equal_work = work if work.ignore_eos else work.with_lengths(levels.output_lengths(entry.levels))
+                entry.equal_work = entry.levels if equal_work is work else levels.run(
+                    entry.url, entry.served_name, equal_work, counter, plan, price, target.headers, f"{entry.label} (equal work)", events)
                 entry.aborted = next((level.aborted for level in entry.equal_work if level.aborted), None)
             if measure_quality and entry.aborted is None:
                 events("quality", target=entry.label)
@@ -128,19 +123,6 @@ def run(targets: list[tuple[str, TargetKind]], plan: Plan, price: pricing.Hardwa
         if entry.aborted:
             break
     return results
-
-
-def _equal_work(entry: TargetResult, work: workloads.Workload, counter: TokenCounter | None, plan: Plan,
-                price: pricing.HardwareProfile, headers: dict[str, str], events: Events, done: list[Level]) -> list[Level]:
-    """Every level of the equal-work leg: those `done` already, the others run now (until one is aborted)."""
-    found: list[Level] = []
-    ran = {level.concurrency: level for level in done}
-    for concurrency in plan.concurrency:
-        found += [ran[concurrency]] if concurrency in ran else levels.run(
-            entry.url, entry.served_name, work, counter, plan, price, headers, f"{entry.label} (equal work)", events, only=concurrency)
-        if found[-1].aborted:
-            break
-    return found
 
 
 def decode_bounds(found: list[Level], weights: Path | None, engine: EngineConfig | None, rates: roofline.Rates | None) -> None:

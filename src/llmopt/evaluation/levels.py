@@ -105,14 +105,6 @@ def output_lengths(found: list[Level]) -> dict[int, int]:
     return {prompt: sorted(lengths)[len(lengths) // 2] for prompt, lengths in runs.items()}
 
 
-def generated(level: Level, lengths: dict[int, int]) -> bool:
-    """Whether every request of a level that ran whole generated exactly its prompt's length, as the
-    server counted it: replaying `lengths` (end-of-sequence ignored) would send the same work again,
-    and at temperature 0 the same tokens."""
-    return (level.aborted is None and level.invocation_errors == 0 and bool(level.requests)
-            and all(r.served_tokens is not None and r.served_tokens == lengths.get(r.prompt) for r in level.requests))
-
-
 def measure(url: str, served_name: str, tokenizer_path: str, plan: Plan, headers: dict[str, str] | None = None,
             lengths: dict[int, int] | None = None, only: int | None = None) -> list[Level]:
     """Throughput and latency at every level (or `only` that one), or an error if the server stopped

@@ -159,8 +159,6 @@ class TargetResult(_Result):
     seconds_to_ready: float | None = None
     levels: list[Level] = Field(default_factory=list)  # the workload as it is (natural output lengths)
     equal_work: list[Level] = Field(default_factory=list)  # the reference's output lengths replayed, end-of-sequence ignored
-    # the reference's levels whose natural run generated exactly those lengths: its equal-work level, not run twice
-    natural_as_equal_work: list[int] = Field(default_factory=list)
     quality: Quality | None = None
     aborted: str | None = None
     warning: str | None = None

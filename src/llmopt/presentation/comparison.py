@@ -18,8 +18,7 @@ COLUMNS: tuple[tuple[str, Callable[[LevelRatios], Ratio | None], str, str], ...]
     ("request latency p50", lambda lvl: lvl.latency_p50, "faster", "slower"),
 )
 NOTE = ("Throughput and price compare equal work: the reference's output lengths replayed on every target, "
-        "end-of-sequence ignored (a level of the reference's that generated exactly them is not run again). "
-        "Latency compares the natural outputs. [low-high] is a 95% interval "
+        "end-of-sequence ignored. Latency compares the natural outputs. [low-high] is a 95% interval "
         "(bootstrap over requests, never narrower than the noise between deployments).")
 
 
