@@ -100,8 +100,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class EngineTierScheduling(LoadScheduling):
         def schedule(self) -> None:
-            if self.collection is not None or len(self.nodes) < 2 or not self._check_nodes_have_same_collection():
+            if self.collection is not None or len(self.nodes) < 2:
                 return super().schedule()
+            if not self._check_nodes_have_same_collection():
+                self.log("**Different tests collected, aborting run**")
+                return
             collection = next(iter(self.node2collection.values()))
             named = set(Path(ENGINE_TESTS).read_text().splitlines()) if Path(ENGINE_TESTS).is_file() else set()
             engine = [i for i, nodeid in enumerate(collection) if nodeid in named]
@@ -311,4 +314,3 @@ def ray_head() -> Iterator[str]:
         yield address
     finally:
         _ray("stop", timeout=300)
-

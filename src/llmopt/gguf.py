@@ -186,4 +186,3 @@ def _parsed_once() -> Iterator[None]:
             yield
         finally:
             lib.GGUFReader, lib.get_tensor_name_map = reader_class, name_map
-

@@ -20,6 +20,12 @@ REQUESTS_PER_USER = 4  # a level runs at least this many requests per concurrent
 MIN_DURATION_S = 30.0  # and, by default, at least this long: shorter levels gave ratios too noisy to trust
 
 
+def check_rising(concurrency: tuple[int, ...], what: str) -> None:
+    """Levels compare in order: each positive, rising, and once (a plan's, a sweep's, recommend's)."""
+    if any(c <= 0 for c in concurrency) or list(concurrency) != sorted(set(concurrency)):
+        raise ValueError(f"{what} must be increasing positive integers, got {list(concurrency)}")
+
+
 class Plan(BaseModel):
     """The load of an evaluation: which requests, at which concurrency levels, for how long."""
 
@@ -44,8 +50,7 @@ class Plan(BaseModel):
     def _levels(self) -> "Plan":
         if any(c <= 0 or c > MAX_LEVEL for c in self.concurrency):
             raise ValueError(f"concurrency levels must be from 1 to {MAX_LEVEL}, got {list(self.concurrency)}")
-        if list(self.concurrency) != sorted(set(self.concurrency)):
-            raise ValueError(f"concurrency levels must rise, each once, got {list(self.concurrency)}")
+        check_rising(self.concurrency, "concurrency levels")
         return self
 
     def requests_at(self, concurrency: int) -> int | None:

@@ -54,8 +54,7 @@ class RecommendSpec(BaseModel):
 
     @model_validator(mode="after")
     def _levels(self) -> "RecommendSpec":
-        if list(self.concurrency) != sorted(set(self.concurrency)) or self.concurrency[0] <= 0:
-            raise ValueError(f"concurrency must be increasing positive integers, got {list(self.concurrency)}")
+        levels.check_rising(self.concurrency, "concurrency")
         return self
 
     def identity(self, source: sources.Model, hardware: Hardware, candidates: list[dict]) -> str:

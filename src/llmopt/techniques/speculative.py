@@ -43,8 +43,7 @@ class SpeculationSweep(Section):
 
     @model_validator(mode="after")
     def _levels(self) -> "SpeculationSweep":
-        if any(c <= 0 for c in self.concurrency) or list(self.concurrency) != sorted(set(self.concurrency)):
-            raise ValueError(f"sweep concurrency must be increasing positive integers, got {list(self.concurrency)}")
+        levels.check_rising(self.concurrency, "sweep concurrency")
         return self
 
 
