@@ -81,7 +81,7 @@ def _bad_inputs(tmp: Path, smol: sources.Model) -> list[tuple[list[str], str]]:
         (["evaluate", "--model", DEFAULT, "--concurrency", "0"], "concurrency"),
         (["evaluate", "--model", DEFAULT, "--requests", "0"], "requests"),
         (["demo", "--recipe", "baseline", "--concurrency", "0"], "concurrency"),  # before its job, not after
-        (["demo", "--recipe", "baseline", "--concurrency", "2,1"], "concurrency"),
+        (["demo", "--recipe", "baseline", "--concurrency", "2,1"], "bad evaluation setting: concurrency levels must be increasing"),
         (["demo", "--concurrency", "1,x"], "bad --concurrency"),
         (["evaluate", "--model", DEFAULT, "--dataset", str(tmp / "missing.jsonl")], "unknown dataset"),
         (["evaluate", "--model", DEFAULT, "--dataset", str(infinity)], "no valid line"),

@@ -27,7 +27,7 @@ from llmopt import hashing, techniques
 from llmopt.engine import vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.platform import Hardware
-from llmopt.errors import LlmoptError
+from llmopt.errors import LlmoptError, first_invalid
 from llmopt.recipe import Recipe
 from llmopt.techniques.base import Reference
 from llmopt.techniques.measure import Measurements
@@ -142,10 +142,8 @@ def parse(text: bytes, manifest_file: str) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        what = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
-        raise LlmoptError(f"'{manifest_file}' is not a valid manifest: {where}: {what}",
+        where, problem = first_invalid(exc.errors())
+        raise LlmoptError(f"'{manifest_file}' is not a valid manifest: {f'{where}: ' if where else ''}{problem}",
                           "use the manifest llmopt wrote; rebuild the artifact with `llmopt optimize --force`") from None
 
 

@@ -170,8 +170,7 @@ def deploy(
     doing = f"starting vLLM for {model}"
     if config is not None:
         chosen = next((c for c in sdk.configs(model) if c.name == config), None)
-        warning = sdk.config_warning(chosen) if chosen else None
-        _warn([warning] if warning else [])
+        _warn(sdk.config_warnings([chosen]) if chosen else [])
         doing = f"building (or reusing) and starting configuration {config} of {model}"
     with _working(doing):
         endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
@@ -409,8 +408,11 @@ def configs_list(model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id o
     if as_json:
         return _json(found)
     recommendation.configurations(found, console)
-    for warning in {w for w in (sdk.config_warning(c) for c in found) if w}:
-        _warn([warning])
+    _warn(sdk.config_warnings(found))
+    problems = {c.name: sdk.config_problems(c) for c in found}
+    for reason in dict.fromkeys(p[0] for p in problems.values() if p):
+        _warn([f"{', '.join(n for n, p in problems.items() if p and p[0] == reason)} will not run well on this machine, "
+               f"so `deploy --config` refuses them here: {reason}"])
     if not found:
         console.print(f"none yet; measure some with: llmopt recommend {model}")
 

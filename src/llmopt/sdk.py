@@ -21,7 +21,7 @@ from llmopt import recipe as recipes
 from llmopt.endpoints import Endpoint
 from llmopt.engine import compile_cache, platform, vllm
 from llmopt.engine.config import EngineConfig
-from llmopt.errors import LlmoptError
+from llmopt.errors import LlmoptError, first_invalid
 from llmopt.evaluation import levels, pricing, runs
 from llmopt.evaluation import results as evaluation_results_module
 from llmopt.evaluation import workload as workloads
@@ -46,7 +46,7 @@ JOB_EXECUTORS = executors.NAMES
 
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
-    "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warning", "demo_recipe", "deploy", "configs",
+    "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warnings", "config_problems", "demo_recipe", "deploy", "configs",
     "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_plan", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "export_deployment", "EXPORT_FORMATS", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "kept_kernels", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
@@ -221,6 +221,12 @@ def _configured_artifact(model: str, config: str) -> Path:
     """The artifact of a model's deployment configuration, built by an ordinary job or reused by key."""
     source = sources.resolve(model)
     chosen = deployment_configs.get(source.id, config)
+    problems = config_problems(chosen)
+    if problems:
+        runs_here = [c.name for c in configs(source.id) if not config_problems(c)]
+        raise LlmoptError(f"configuration '{config}' does not run well on this machine: {problems[0]}",
+                          (f"deploy one that does ({', '.join(runs_here)}), or m" if runs_here else "M")
+                          + f"easure this machine's own with `llmopt recommend {source.id}`")
     job = optimize(source.id, {"name": names.slug(config)[:30], **chosen.recipe})
     if job.artifact is None:
         record = job.record
@@ -241,13 +247,30 @@ def configs(model: str) -> list[deployment_configs.DeploymentConfig]:
     return deployment_configs.for_model(found.id)
 
 
-def config_warning(config: deployment_configs.DeploymentConfig) -> str | None:
-    """What to say when a configuration's rows were measured on another kind of machine."""
-    differences = platform.detect().differences(config.hardware)
-    if not differences:
-        return None
-    return (f"configuration '{config.name}' was measured on another kind of machine ({'; '.join(differences)}): its rows may "
-            f"not hold here. Measure them here with: llmopt recommend {config.model}")
+def config_warnings(found: list[deployment_configs.DeploymentConfig]) -> list[str]:
+    """What to say of configurations whose rows were measured on another kind of machine: one
+    line for each such machine, naming its configurations."""
+    here = platform.detect()
+    by_machine: dict[str, list[deployment_configs.DeploymentConfig]] = {}
+    for config in found:
+        differences = here.differences(config.hardware)
+        if differences:
+            by_machine.setdefault("; ".join(differences), []).append(config)
+    return [f"{'configuration' if len(group) == 1 else 'configurations'} {', '.join(repr(c.name) for c in group)} "
+            f"{'was' if len(group) == 1 else 'were'} measured on another kind of machine ({differences}): "
+            f"{'its' if len(group) == 1 else 'their'} rows may not hold here. Measure them here with: llmopt recommend {group[0].model}"
+            for differences, group in by_machine.items()]
+
+
+def config_problems(config: deployment_configs.DeploymentConfig) -> list[str]:
+    """Why a configuration would not run well here, by the compatibility matrix (`deploy` refuses
+    it); none where it would."""
+    found = sources.find(config.model)
+    if found is not None:
+        architecture = found.architecture
+    else:  # a catalogued model not imported yet: its configurations read before its packages are installed
+        architecture = catalog.get(config.model).architecture if catalog.is_catalog_id(config.model) else None
+    return config.problems_here(architecture or "unknown", platform.detect())
 
 
 def recommend(
@@ -469,9 +492,8 @@ def _validated(model: Any, what: str, fix: str, fields: dict[str, Any]) -> Any:
     try:
         return model(**fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or what
-        raise LlmoptError(f"bad {what} {where}: {first['msg'].removeprefix('Value error, ')}", fix) from None
+        where, problem = first_invalid(exc.errors())
+        raise LlmoptError(f"bad {what} {where}: {problem}" if where else f"bad {what}: {problem}", fix) from None
 
 
 def _lines(path: Path, follow: bool, alive: Any) -> Iterator[str]:

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from llmopt import paths
+from llmopt import compatibility, paths
+from llmopt import recipe as recipes
 from llmopt.engine.platform import Hardware
 from llmopt.errors import LlmoptError
 
@@ -48,6 +49,14 @@ class DeploymentConfig(BaseModel):
     def same_machine(self, hardware: Hardware) -> bool:
         """Whether rows measured there tell what this machine would do (`Hardware.differences`)."""
         return not hardware.differences(self.hardware)
+
+    def problems_here(self, architecture: str, hardware: Hardware) -> list[str]:
+        """What the compatibility matrix says against the recipe on this machine: refusals, and
+        techniques it marks slow here (such a build would miss its rows, or its quality budget)."""
+        verdict = compatibility.Verdict()
+        for technique in recipes.parse(self.recipe, origin=f"configuration '{self.name}'").techniques():
+            compatibility.apply(technique, architecture, hardware, verdict)
+        return verdict.refusals + verdict.warnings
 
 
 def _read(path: Path, source: str) -> list[DeploymentConfig]:

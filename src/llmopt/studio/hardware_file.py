@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from llmopt import names, paths
-from llmopt.errors import LlmoptError
+from llmopt.errors import LlmoptError, first_invalid
 from llmopt.evaluation import pricing
 from llmopt.evaluation.pricing import HardwareProfile
 
@@ -42,9 +42,8 @@ def save(name: str, fields: dict[str, Any]) -> HardwareProfile:
     try:
         profile = HardwareProfile(name=name, **entry)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "profile"
-        raise LlmoptError(f"bad hardware profile {where}: {first['msg']}",
+        where, problem = first_invalid(exc.errors())
+        raise LlmoptError(f"bad hardware profile {where or 'fields'}: {problem}",
                           "give a description, a positive price per hour, a date (as_of) and a discount in [0, 1)") from None
     own = _read()
     own[name] = entry

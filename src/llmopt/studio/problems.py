@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from llmopt.errors import LlmoptError
+from llmopt.errors import LlmoptError, first_invalid
 
 T = TypeVar("T")
 
@@ -63,9 +63,8 @@ def as_problem(exc: Exception) -> LlmoptError:
     if isinstance(exc, LlmoptError):
         return exc
     assert isinstance(exc, (RequestValidationError, ValidationError))
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
-    return LlmoptError(f"bad {where}: {first.get('msg', 'invalid')}", "see /openapi.json for what each call takes")
+    where, problem = first_invalid(exc.errors(), skip=frozenset({"body"}))
+    return LlmoptError(f"bad {where or 'request'}: {problem}", "see /openapi.json for what each call takes")
 
 
 def json_error(request: Request, exc: Exception) -> Response:
