@@ -3,6 +3,8 @@ gives every layer without AMX) against its packed-weight kernels (`weight_packed
 `int8_scaled_mm_with_quant` for int8; what llmopt gives them there, `EngineConfig.linear_kernels`),
 and for bf16 llmopt's small-batch kernel over the same packed weights (`small_batch_linear`, built
 if it is not yet), which stands in for vLLM's up to 64 rows. `--out NAME` writes results/NAME instead.
+Where vLLM has no packed kernels (AVX2 only, float32 served), it compares what runs there instead
+(`avx2` below) and writes results/linear_kernels_avx2.json.
 
 Weights are cold, as in a decode step that streams the whole model: each shape gets enough
 distinct weight copies to fill 300 MB (ten times this machine's last-level cache) and the copies
@@ -145,14 +147,74 @@ def int8(m: int, n: int, k: int) -> dict[str, float]:
             "packed_error": _error(packed_mm(0), ref), "weight_bytes": n * k}
 
 
+def avx2(m: int, n: int, k: int) -> dict[str, float]:
+    """Without AVX-512 (vLLM's AVX2 build, float32 served): float32 `F.linear` (an unquantized layer),
+    vLLM's oneDNN W8A8 (a SmoothQuant layer: per-channel weights, per-token dynamic activations) and
+    torch's weight-only int8 kernel (`_weight_int8pack_mm`, gpt-fast's int8), whose vectorized path
+    takes bf16 activations: cast from float32 and back, as a float32 model would call it."""
+    from vllm import _custom_ops as ops
+
+    fp32_copies, int8_copies = max(1, int(COLD_BYTES // (n * k * 4))), max(1, int(COLD_BYTES // (n * k)))
+    floats = [torch.randn(n, k) for _ in range(fp32_copies)]
+    scales = [w.abs().amax(1, keepdim=True) / 127 for w in floats]
+    weights = [(w / s).round().clamp(-127, 127).to(torch.int8) for w, s in zip(floats, scales)]
+    weights += [weights[i % fp32_copies].clone() for i in range(fp32_copies, int8_copies)]
+    scales += [scales[i % fp32_copies] for i in range(fp32_copies, int8_copies)]
+    x = torch.randn(m, k)
+    handlers = [ops.create_onednn_scaled_mm(w.t(), s, torch.float32, True, False, 32) for w, s in zip(weights, scales)]
+    bf16_scales = [s.squeeze(1).to(torch.bfloat16) for s in scales]
+
+    def onednn(i: int) -> torch.Tensor:
+        x_q, x_s, x_zp = ops.onednn_scaled_int8_quant(x, None, None, True)
+        out = torch.empty((m, n), dtype=x.dtype)
+        ops.onednn_scaled_mm(handlers[i], x_q, out, x_s, x_zp, None, None)
+        return out
+
+    def weight_only(i: int) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16), weights[i], bf16_scales[i]).float()
+
+    ref = x @ (weights[0].float() * scales[0]).t()
+    return {"fp32_s": _time(lambda i: torch.nn.functional.linear(x, floats[i]), fp32_copies),
+            "onednn_s": _time(onednn, int8_copies), "weight_only_s": _time(weight_only, int8_copies),
+            "onednn_error": _error(onednn(0), ref), "weight_only_error": _error(weight_only(0), ref), "weight_bytes": n * k}
+
+
+def avx2_rows() -> list[dict]:
+    """Every layer shape and a whole decode step's linear layers (30 of each layer, one lm_head) at
+    1, 8 and 16 rows, each kernel's time and the weight bytes it streamed per second."""
+    kinds = ("fp32", "onednn", "weight_only")
+    rows = []
+    print(f"{'rows':>4} {'layer':<13} {'float32 us':>11} {'GB/s':>6} {'oneDNN W8A8 us':>15} {'GB/s':>6} "
+          f"{'int8 weight-only us':>20} {'GB/s':>6}")
+    for m in (1, 8, 16):
+        step = dict.fromkeys(kinds, 0.0)
+        for layer, (n, k) in SHAPES.items():
+            row = {"dtype": "avx2", "rows": m, "layer": layer, "n": n, "k": k, **avx2(m, n, k)}
+            rows.append(row)
+            for kind in kinds:
+                step[kind] += row[f"{kind}_s"] * (1 if layer == "lm_head" else 30)
+            widths = {"fp32": 4, "onednn": 1, "weight_only": 1}
+            cells = [f"{row[f'{kind}_s'] * 1e6:>{w}.1f} {row['weight_bytes'] * widths[kind] / row[f'{kind}_s'] / 1e9:>6.1f}"
+                     for kind, w in zip(kinds, (11, 15, 20))]
+            print(f"{m:>4} {layer:<13} {' '.join(cells)}", flush=True)
+        rows.append({"dtype": "avx2", "rows": m, "layer": "a decode step", **{f"{kind}_s": step[kind] for kind in kinds}})
+        print(f"{m:>4} a decode step: float32 {step['fp32'] * 1e3:.2f} ms, oneDNN W8A8 {step['onednn'] * 1e3:.2f} ms "
+              f"({step['fp32'] / step['onednn']:.2f}x float32), int8 weight-only {step['weight_only'] * 1e3:.2f} ms "
+              f"({step['fp32'] / step['weight_only']:.2f}x float32)", flush=True)
+    return rows
+
+
 def main() -> None:
     hw = platform.detect()
-    if not platform.packed_linear_supported(hw):
-        raise SystemExit(f"{hw.cpu_model} lacks AVX-512 BF16 or VNNI: vLLM's packed kernels do not run here")
     engine_env = vllm.environment(EngineConfig(), hw)
     if any(os.environ.get(name) != value for name, value in engine_env.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], os.environ | engine_env)
     print(f"{hw.cpu_label}, {torch.get_num_threads()} threads, flags {' '.join(hw.cpu_flags)}")
+    if not platform.packed_linear_supported(hw):
+        out = Path(__file__).parent / "results" / (sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "linear_kernels_avx2.json")
+        out.write_text(json.dumps({"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(),
+                                   "cold_bytes": COLD_BYTES, "torch": torch.__version__, "rows": avx2_rows()}, indent=2))
+        return
     small_batch_linear.use(kernels.build())
     if "--zentorch" in sys.argv[1:]:
         (Path(__file__).parent / "results" / "linear_kernels_zentorch.json").write_text(json.dumps(

@@ -23,9 +23,8 @@ def test_demo_optimizes_and_compares_on_the_real_engine(smol, tmp_path: Path) ->
     # The same path, minutes less: with VNNI the suite's SmoothQuant recipe (its artifact is shared),
     # not the default's n-gram sweep; without, the n-gram speculation the demo picks there, unswept
     # (test_speculative sweeps) and off above one user, which shares the plain model's compiled code
-    # (and is not recommend's n-gram candidate, which its test builds). There SmoothQuant is slow:
-    # on a Zen 3 EPYC its artifact decoded 3.9x slower than float32, and its half of this test's
-    # load test took 5.3 min against 2.4 for the original (alone, 2026-11-28).
+    # (and is not recommend's n-gram candidate, which its test builds). There the matrix marks
+    # SmoothQuant slow (0.91x float32 at batch 8 on a Zen 3 EPYC, through the weight-only int8 kernel).
     chosen_here = SUITE_SMOOTHQUANT if VNNI else {"name": "ngram", "speculative": {"method": "ngram", "disable_above_batch": 1}}
     recipe_file = tmp_path / "recipe.yaml"
     recipe.save(recipe.parse(chosen_here), recipe_file)

@@ -198,7 +198,9 @@ AVX512 = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512f")
     (AVX512, EngineConfig(attention_kernel="vllm"), True, "llmopt"),
     (AVX512, EngineConfig(linear_kernels="packed", attention_kernel="llmopt"), False, "packed"),
     ((*AVX512, "amx_tile"), EngineConfig(linear_kernels="packed"), False, "packed"),
-    (("avx2",), EngineConfig(), True, "vllm"),
+    (("avx2",), EngineConfig(), True, "weight_only"),  # no AVX-512: oneDNN's int8 has no VNNI there
+    (("avx2",), EngineConfig(linear_kernels="vllm"), True, "vllm"),
+    (AVX512, EngineConfig(linear_kernels="weight_only"), True, "weight_only"),
 ])
 def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], engine: EngineConfig, built: bool,
                                                       expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,12 +211,14 @@ def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], en
     env = vllm.environment(engine, hw)
     assert (platform.PACKED_LINEAR_ENV in env) == (expected in ("packed", "llmopt"))
     assert (env.get(small_batch_linear.ENV) == "1") == (expected == "llmopt")
+    assert (env.get(platform.INT8_WEIGHT_ONLY_ENV) == "1") == (expected == "weight_only")
     attention = vllm.attention_kernel(engine, hw)
     assert attention == (engine.attention_kernel or ("llmopt" if built and platform.llmopt_kernels_apply(hw) else "vllm"))
     assert (env.get(prefill_attention.ENV) == "1") == (attention == "llmopt")
     assert (kernels.LIBRARY_ENV in env) == ("llmopt" in (expected, attention))
     image = vllm.image_environment(engine, hw)  # vLLM's own image has none of them
-    assert not {platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV} & set(image)
+    assert not {platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
+                platform.INT8_WEIGHT_ONLY_ENV} & set(image)
 
 
 @pytest.mark.parametrize("flags, engine, wrapper", [

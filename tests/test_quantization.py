@@ -13,7 +13,8 @@ import llmopt
 from llmopt import AWQ, FP8, Calibration, KVCache, Recipe, SmoothQuant
 from llmopt import artifact, client, corpus, roofline, sources, techniques
 from llmopt import recipe as recipes
-from llmopt.engine import platform
+from llmopt.engine import platform, vllm
+from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
 from llmopt.jobs import store
@@ -21,6 +22,9 @@ from llmopt.techniques.quantization import calibration, schemes
 
 from conftest import QUICK_SMOOTHQUANT, SUITE_SMOOTHQUANT, assert_one_line_error, run_cli
 
+# where vLLM's oneDNN int8 has no VNNI (x86 without AVX-512), llmopt gives int8 layers torch's weight-only kernel
+INT8_KERNEL = (platform.INT8_WEIGHT_ONLY_KERNEL if vllm.linear_kernels(EngineConfig(), platform.detect()) == "weight_only"
+               else "CPUInt8ScaledMMLinearKernel")
 SCHEMES = {
     # name: (recipe, the kernel vLLM must pick on CPU, checkpoint format)
     # AWQ's defaults land at +10.2-11.8% against its 12% budget (benchmarks/awq_quality.py); CI
@@ -30,12 +34,11 @@ SCHEMES = {
     "awq": (Recipe(quantization=AWQ(max_perplexity_increase=0.15, calibration=Calibration(samples=8, sequence_length=256))),
             "CPUWNA16LinearKernel", "pack-quantized"),
     # the built-in smoothquant recipe: the session's `smoothquant` fixture builds it, this job reuses its artifact
-    "smoothquant": (recipes.parse(SUITE_SMOOTHQUANT), "CPUInt8ScaledMMLinearKernel", "int-quantized"),
+    "smoothquant": (recipes.parse(SUITE_SMOOTHQUANT), INT8_KERNEL, "int-quantized"),
     # the lm_head too (untied from the embeddings, INT8 per channel): the bytes every token reads.
     # The suite's quick SmoothQuant (conftest), whose artifact test_faults' retried job built; left out
     # where it is the suite's SmoothQuant recipe itself (without VNNI), checked in the case above
-    **({"smoothquant-lm-head": (Recipe(quantization=SmoothQuant(**QUICK_SMOOTHQUANT)), "CPUInt8ScaledMMLinearKernel",
-                                "int-quantized")} if SUITE_SMOOTHQUANT["quantization"] != QUICK_SMOOTHQUANT else {}),
+    **({"smoothquant-lm-head": (Recipe(quantization=SmoothQuant(**QUICK_SMOOTHQUANT)), INT8_KERNEL, "int-quantized")} if SUITE_SMOOTHQUANT["quantization"] != QUICK_SMOOTHQUANT else {}),
     # needs AMX tiles on CPU: refused by the matrix on other processors, which the test then checks instead
     "fp8-block": (Recipe(quantization=FP8(scheme="block")), "CPUFp8BlockScaledMMKernel", "float-quantized"),
     "kv-fp8": (Recipe(kv_cache=KVCache(dtype="fp8")), None, None),

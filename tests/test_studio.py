@@ -21,7 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import llmopt
-from llmopt import procs, recipe, sdk, techniques
+from llmopt import compatibility, procs, recipe, sdk, techniques
 from llmopt.endpoints import ENDPOINTS, Endpoint
 from llmopt.engine import platform
 from llmopt.engine.config import EngineConfig
@@ -299,19 +299,23 @@ def test_deploying_a_configuration_hands_the_sdk_the_model_and_the_configuration
     assert calls == [(("tiny",), {"name": "fast-ep", "api_key": None, "config": "fast"})]
 
 
-def test_a_configuration_that_does_not_run_well_here_says_why_and_offers_no_deploy(
+def test_a_configuration_that_cannot_run_here_says_why_and_offers_no_deploy(
         client: TestClient, tiny: llmopt.Model, monkeypatch: pytest.MonkeyPatch) -> None:
     from llmopt.recommendation import configs as deployment_configs
 
     shipped = deployment_configs.for_model(sdk.DEFAULT_MODEL)
     runs, slow = (c.model_copy(update={"model": "tiny"}) for c in (shipped[0], shipped[1]))
     monkeypatch.setattr(sdk, "configs", lambda model: [runs, slow])
-    monkeypatch.setattr(sdk, "config_problems", lambda c: ["quantization.smoothquant: saturates here"] if c is slow else [])
-    assert [c["problems"] for c in client.get("/api/models/tiny/configs").json()] == [[], ["quantization.smoothquant: saturates here"]]
+    monkeypatch.setattr(sdk, "config_verdict", lambda c: compatibility.Verdict(
+        refusals=["quantization.awq: no kernel here"] if c is slow else [], warnings=["quantization.smoothquant: slow here"]))
+    listed = client.get("/api/models/tiny/configs").json()
+    assert [c["refusals"] for c in listed] == [[], ["quantization.awq: no kernel here"]]
+    assert all(c["slow"] == ["quantization.smoothquant: slow here"] for c in listed)
     page = client.get("/models/tiny").text
     buttons = re.findall(r'<button[^>]*/deploy"[^>]*>', page)
     assert len(buttons) == 2 and "disabled" not in buttons[0] and "disabled" in buttons[1]
-    assert "not deployed here: quantization.smoothquant: saturates here" in page
+    assert "Cannot run on this machine: quantization.awq: no kernel here" in page
+    assert page.count("Runs slowly on this machine: quantization.smoothquant: slow here") == 2
 
 
 # -- recipes and the builder --------------------------------------------------------------------

@@ -170,7 +170,7 @@ def deploy(
     doing = f"starting vLLM for {model}"
     if config is not None:
         chosen = next((c for c in sdk.configs(model) if c.name == config), None)
-        _warn(sdk.config_warnings([chosen]) if chosen else [])
+        _warn(sdk.config_warnings([chosen]) + sdk.config_verdict(chosen).warnings if chosen else [])
         doing = f"building (or reusing) and starting configuration {config} of {model}"
     with _working(doing):
         endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
@@ -409,10 +409,12 @@ def configs_list(model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id o
         return _json(found)
     recommendation.configurations(found, console)
     _warn(sdk.config_warnings(found))
-    problems = {c.name: sdk.config_problems(c) for c in found}
-    for reason in dict.fromkeys(p[0] for p in problems.values() if p):
-        _warn([f"{', '.join(n for n, p in problems.items() if p and p[0] == reason)} will not run well on this machine, "
-               f"so `deploy --config` refuses them here: {reason}"])
+    verdicts = {c.name: sdk.config_verdict(c) for c in found}
+    for said, how in (("refusals", "cannot run on this machine, and `deploy --config` refuses them here"),
+                      ("warnings", "run slowly on this machine")):
+        reasons = {n: getattr(v, said)[0] for n, v in verdicts.items() if getattr(v, said)}
+        for reason in dict.fromkeys(reasons.values()):
+            _warn([f"{', '.join(n for n, r in reasons.items() if r == reason)} {how}: {reason}"])
     if not found:
         console.print(f"none yet; measure some with: llmopt recommend {model}")
 

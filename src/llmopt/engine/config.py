@@ -107,13 +107,15 @@ class EngineConfig(_Settings):
         description="On CPU, where the model runs: 'uni' in vLLM's engine-core process, 'mp' in a worker process "
         "of its own (vLLM's CPU default); unset: chosen from the machine (uni up to 4 cores).",
     )
-    linear_kernels: Literal["vllm", "packed", "llmopt"] | None = Field(
+    linear_kernels: Literal["vllm", "packed", "llmopt", "weight_only"] | None = Field(
         None,
         description="On CPU, the kernels of the bf16 and int8 linear layers: 'vllm' as vLLM chooses (oneDNN, or its "
         "packed-weight kernels for small layers on AMX), 'packed' vLLM's packed-weight kernels for every layer whose "
         "shape they take (needs AVX-512 BF16 and VNNI), 'llmopt' the same with llmopt's small-batch kernel for bf16 "
-        "layers at up to 64 rows (built with the machine's C++ compiler); unset: chosen from the machine (without "
-        "AMX, llmopt where its kernel is built, else packed).",
+        "layers at up to 64 rows (built with the machine's C++ compiler), 'weight_only' vLLM's for float layers and "
+        "torch's weight-only int8 kernel for int8 ones, their activations in bf16 rather than quantized; unset: chosen "
+        "from the machine (without AMX, llmopt where its kernel is built, else packed; on x86 without AVX-512, "
+        "weight_only).",
     )
     attention_kernel: Literal["vllm", "llmopt"] | None = Field(
         None,

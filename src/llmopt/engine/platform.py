@@ -22,6 +22,8 @@ from llmopt import names
 from llmopt.engine import kernels
 
 PACKED_LINEAR_ENV = "LLMOPT_PACKED_LINEAR"  # set: llmopt's server module gives linear layers vLLM's packed kernels
+INT8_WEIGHT_ONLY_ENV = "LLMOPT_INT8_WEIGHT_ONLY"  # set: int8 layers run torch's weight-only int8 kernel
+INT8_WEIGHT_ONLY_KERNEL = "TorchInt8WeightOnlyKernel"  # its name in the engine's log, where vLLM names its kernels
 INDUCTOR_KERNELS_ENV = "LLMOPT_INDUCTOR_KERNELS"  # a folder: the server shares Inductor's compiled C++ kernels there
 KERNEL_REUSED_LINE = "llmopt: Inductor's C++ kernel reused from an earlier compile"  # the server logs one a kernel
 MODEL_INFOS_ENV = "LLMOPT_MODEL_INFOS"  # a folder: the server keeps vLLM's model-class facts there, for every entry
@@ -190,7 +192,10 @@ def default_linear_kernels(hw: Hardware) -> str:
     batch-1 decode ran 1.21x faster served with them, 1.48x in vLLM's offline API
     (benchmarks/engine_cpu_settings.py). With them, llmopt's small-batch kernel where it is built
     (`small_batch_linear`): vLLM's packed kernel multiplies 5 rows or more at about the fp32 rate
-    there. With AMX, vLLM's own choice was not measured against them and stays."""
+    there. With AMX, vLLM's own choice was not measured against them and stays. On x86 without
+    AVX-512, int8 layers through torch's weight-only int8 kernel (`serve._int8_weight_only`)."""
+    if hw.x86_without_avx512:
+        return "weight_only"
     if not llmopt_kernels_apply(hw):
         return "vllm"
     return "llmopt" if kernels.built() else "packed"

@@ -200,6 +200,8 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
         env[platform.PACKED_LINEAR_ENV] = "1"
     if linear == "llmopt":
         env[small_batch_linear.ENV] = "1"
+    if linear == "weight_only":
+        env[platform.INT8_WEIGHT_ONLY_ENV] = "1"
     if attention == "llmopt":
         env[prefill_attention.ENV] = "1"
     if graph_wrapper(config, hw) == "cpp":

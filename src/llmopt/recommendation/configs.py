@@ -50,13 +50,13 @@ class DeploymentConfig(BaseModel):
         """Whether rows measured there tell what this machine would do (`Hardware.differences`)."""
         return not hardware.differences(self.hardware)
 
-    def problems_here(self, architecture: str, hardware: Hardware) -> list[str]:
-        """What the compatibility matrix says against the recipe on this machine: refusals, and
-        techniques it marks slow here (such a build would miss its rows, or its quality budget)."""
+    def verdict_here(self, architecture: str, hardware: Hardware) -> compatibility.Verdict:
+        """What the compatibility matrix says of the recipe on this machine: its refusals (it
+        cannot be built or served here) and its warnings (techniques it marks slow here)."""
         verdict = compatibility.Verdict()
         for technique in recipes.parse(self.recipe, origin=f"configuration '{self.name}'").techniques():
             compatibility.apply(technique, architecture, hardware, verdict)
-        return verdict.refusals + verdict.warnings
+        return verdict
 
 
 def _read(path: Path, source: str) -> list[DeploymentConfig]:

@@ -41,10 +41,11 @@ def catalogue() -> list[dict[str, Any]]:
 def configurations(model_id: str) -> list[dict[str, Any]]:
     """An imported model's deployment configurations, each with its warning when it was measured
     on another kind of machine, and what the compatibility matrix says against it here (deploying
-    it is refused then)."""
+    it is refused then, and a slow one is said)."""
     model = lookup(sdk.get_model, model_id)
-    return [{**c.model_dump(mode="json"), "warning": next(iter(sdk.config_warnings([c])), None), "problems": sdk.config_problems(c)}
-            for c in sdk.configs(model.id)]
+    found = [(c, sdk.config_verdict(c)) for c in sdk.configs(model.id)]
+    return [{**c.model_dump(mode="json"), "warning": next(iter(sdk.config_warnings([c])), None), "refusals": verdict.refusals,
+             "slow": verdict.warnings} for c, verdict in found]
 
 
 @api.get("/models", summary="Imported models")
