@@ -121,6 +121,16 @@ def zentorch_rows() -> list[dict]:
     return rows
 
 
+def onednn_int8(handler: object, x: torch.Tensor, n: int) -> torch.Tensor:
+    """vLLM's oneDNN W8A8 as its CPU int8 layer calls it: activations quantized per token, then the product."""
+    from vllm import _custom_ops as ops
+
+    x_q, x_s, x_zp = ops.onednn_scaled_int8_quant(x, None, None, True)
+    out = torch.empty((x.shape[0], n), dtype=x.dtype)
+    ops.onednn_scaled_mm(handler, x_q, out, x_s, x_zp, None, None)
+    return out
+
+
 def int8(m: int, n: int, k: int) -> dict[str, float]:
     """Per-channel weights, per-token dynamic activations (SmoothQuant W8A8 as llmopt writes it)."""
     from vllm import _custom_ops as ops
@@ -134,10 +144,7 @@ def int8(m: int, n: int, k: int) -> dict[str, float]:
     packed = [torch.ops._C.convert_weight_packed(w) for w in weights]
 
     def onednn(i: int) -> torch.Tensor:
-        x_q, x_s, x_zp = ops.onednn_scaled_int8_quant(x, None, None, True)
-        out = torch.empty((m, n), dtype=x.dtype)
-        ops.onednn_scaled_mm(handlers[i], x_q, out, x_s, x_zp, None, None)
-        return out
+        return onednn_int8(handlers[i], x, n)
 
     def packed_mm(i: int) -> torch.Tensor:
         return torch.ops._C.int8_scaled_mm_with_quant(x, packed[i], scales[i], None, x.dtype, True)
@@ -165,10 +172,7 @@ def avx2(m: int, n: int, k: int) -> dict[str, float]:
     bf16_scales = [s.squeeze(1).to(torch.bfloat16) for s in scales]
 
     def onednn(i: int) -> torch.Tensor:
-        x_q, x_s, x_zp = ops.onednn_scaled_int8_quant(x, None, None, True)
-        out = torch.empty((m, n), dtype=x.dtype)
-        ops.onednn_scaled_mm(handlers[i], x_q, out, x_s, x_zp, None, None)
-        return out
+        return onednn_int8(handlers[i], x, n)
 
     def weight_only(i: int) -> torch.Tensor:
         return torch._weight_int8pack_mm(x.to(torch.bfloat16), weights[i], bf16_scales[i]).float()
