@@ -3,7 +3,7 @@ gives every layer without AMX) against its packed-weight kernels (`weight_packed
 `int8_scaled_mm_with_quant` for int8; what llmopt gives them there, `EngineConfig.linear_kernels`),
 and for bf16 llmopt's small-batch kernel over the same packed weights (`small_batch_linear`, built
 if it is not yet), which stands in for vLLM's up to 64 rows. `--out NAME` writes results/NAME instead.
-Where vLLM has no packed kernels (AVX2 only, float32 served), it compares what runs there instead
+On x86 without AVX-512 (float32 served, no packed kernels), it compares what runs there instead
 (`avx2` below) and writes results/linear_kernels_avx2.json.
 
 Weights are cold, as in a decode step that streams the whole model: each shape gets enough
@@ -214,11 +214,13 @@ def main() -> None:
     if any(os.environ.get(name) != value for name, value in engine_env.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], os.environ | engine_env)
     print(f"{hw.cpu_label}, {torch.get_num_threads()} threads, flags {' '.join(hw.cpu_flags)}")
-    if not platform.packed_linear_supported(hw):
+    if hw.x86_without_avx512:
         out = Path(__file__).parent / "results" / (sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "linear_kernels_avx2.json")
         out.write_text(json.dumps({"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(),
                                    "cold_bytes": COLD_BYTES, "torch": torch.__version__, "rows": avx2_rows()}, indent=2))
         return
+    if not platform.packed_linear_supported(hw):
+        raise SystemExit(f"{hw.cpu_model} lacks AVX-512 BF16 or VNNI: vLLM's packed kernels do not run here")
     small_batch_linear.use(kernels.build())
     if "--zentorch" in sys.argv[1:]:
         (Path(__file__).parent / "results" / "linear_kernels_zentorch.json").write_text(json.dumps(

@@ -230,6 +230,10 @@ def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.
     # and so is the dtype: unset, the machine's choice (float32 on AVX2), as if written
     avx2 = platform.Hardware(cpu_flags=("avx", "avx2"), **cpu)
     assert _key(tmp_path, hw=avx2) == _key(tmp_path, hw=avx2, settings={"dtype": "float32"}) != _key(tmp_path, hw=avx2, settings={"dtype": "bfloat16"})
+    # int8 layers there run torch's weight-only kernel unless told otherwise: a graph traced through
+    # vLLM's oneDNN calls is never loaded for it
+    assert _key(tmp_path, hw=avx2) == _key(tmp_path, hw=avx2, settings={"linear_kernels": "weight_only"}) \
+        != _key(tmp_path, hw=avx2, settings={"linear_kernels": "vllm"})
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"}) != _key(tmp_path, hw=no_amx, settings={"linear_kernels": "packed"})
     # and llmopt's is called by its library's schema: another build of it is another entry
     built_here = _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"})

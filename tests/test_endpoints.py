@@ -199,6 +199,7 @@ AVX512 = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512f")
     (AVX512, EngineConfig(linear_kernels="packed", attention_kernel="llmopt"), False, "packed"),
     ((*AVX512, "amx_tile"), EngineConfig(linear_kernels="packed"), False, "packed"),
     (("avx2",), EngineConfig(), True, "weight_only"),  # no AVX-512: oneDNN's int8 has no VNNI there
+    (("avx2", "avx_vnni"), EngineConfig(), True, "vllm"),  # AVX-VNNI: oneDNN's int8 has it (not measured)
     (("avx2",), EngineConfig(linear_kernels="vllm"), True, "vllm"),
     (AVX512, EngineConfig(linear_kernels="weight_only"), True, "weight_only"),
 ])

@@ -409,12 +409,13 @@ def configs_list(model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id o
         return _json(found)
     recommendation.configurations(found, console)
     _warn(sdk.config_warnings(found))
-    verdicts = {c.name: sdk.config_verdict(c) for c in found}
+    verdicts = [(c.name, sdk.config_verdict(c)) for c in found]
     for said, how in (("refusals", "cannot run on this machine, and `deploy --config` refuses them here"),
                       ("warnings", "run slowly on this machine")):
-        reasons = {n: getattr(v, said)[0] for n, v in verdicts.items() if getattr(v, said)}
-        for reason in dict.fromkeys(reasons.values()):
-            _warn([f"{', '.join(n for n, r in reasons.items() if r == reason)} {how}: {reason}"])
+        reasons = [(name, getattr(v, said)[0]) for name, v in verdicts if getattr(v, said)]
+        for reason in dict.fromkeys(r for _, r in reasons):
+            named = dict.fromkeys(name for name, r in reasons if r == reason)
+            _warn([f"{', '.join(named)} {how}: {reason}"])
     if not found:
         console.print(f"none yet; measure some with: llmopt recommend {model}")
 

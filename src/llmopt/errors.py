@@ -1,5 +1,6 @@
 """The one error type users see: a problem and its fix, printable on one line."""
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -15,7 +16,7 @@ class LlmoptError(Exception):
         return " ".join(str(self).split())
 
 
-def first_invalid(errors: list[Any], skip: frozenset[str] = frozenset()) -> tuple[str, str]:
+def first_invalid(errors: Sequence[Any], skip: frozenset[str] = frozenset()) -> tuple[str, str]:
     """The first problem of a validation error (pydantic's or FastAPI's `errors()`), for a one-line
     message: the field's dotted path ('' where the object as a whole was refused), and what is wrong."""
     first = errors[0]

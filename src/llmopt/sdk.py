@@ -223,7 +223,7 @@ def _configured_artifact(model: str, config: str) -> Path:
     chosen = deployment_configs.get(source.id, config)
     refusals = config_verdict(chosen).refusals
     if refusals:
-        runs_here = [c.name for c in configs(source.id) if not config_verdict(c).refusals]
+        runs_here = list(dict.fromkeys(c.name for c in configs(source.id) if not config_verdict(c).refusals))
         raise LlmoptError(f"configuration '{config}' cannot run on this machine: {refusals[0]}",
                           (f"deploy one that can ({', '.join(runs_here)}), or m" if runs_here else "M")
                           + f"easure this machine's own with `llmopt recommend {source.id}`")

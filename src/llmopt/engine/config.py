@@ -114,8 +114,8 @@ class EngineConfig(_Settings):
         "shape they take (needs AVX-512 BF16 and VNNI), 'llmopt' the same with llmopt's small-batch kernel for bf16 "
         "layers at up to 64 rows (built with the machine's C++ compiler), 'weight_only' vLLM's for float layers and "
         "torch's weight-only int8 kernel for int8 ones, their activations in bf16 rather than quantized; unset: chosen "
-        "from the machine (without AMX, llmopt where its kernel is built, else packed; on x86 without AVX-512, "
-        "weight_only).",
+        "from the machine (without AMX, llmopt where its kernel is built, else packed; on x86 without AVX-512 nor "
+        "VNNI, weight_only).",
     )
     attention_kernel: Literal["vllm", "llmopt"] | None = Field(
         None,

@@ -193,8 +193,10 @@ def default_linear_kernels(hw: Hardware) -> str:
     (benchmarks/engine_cpu_settings.py). With them, llmopt's small-batch kernel where it is built
     (`small_batch_linear`): vLLM's packed kernel multiplies 5 rows or more at about the fp32 rate
     there. With AMX, vLLM's own choice was not measured against them and stays. On x86 without
-    AVX-512, int8 layers through torch's weight-only int8 kernel (`serve._int8_weight_only`)."""
-    if hw.x86_without_avx512:
+    AVX-512 nor VNNI, int8 layers through torch's weight-only int8 kernel (`serve._int8_weight_only`):
+    oneDNN's int8 has no fast path there. AVX-VNNI processors (AVX2 with VNNI) keep vLLM's choice:
+    not measured there."""
+    if hw.x86_without_avx512 and not hw.has_vnni:
         return "weight_only"
     if not llmopt_kernels_apply(hw):
         return "vllm"

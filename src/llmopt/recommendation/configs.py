@@ -54,7 +54,12 @@ class DeploymentConfig(BaseModel):
         """What the compatibility matrix says of the recipe on this machine: its refusals (it
         cannot be built or served here) and its warnings (techniques it marks slow here)."""
         verdict = compatibility.Verdict()
-        for technique in recipes.parse(self.recipe, origin=f"configuration '{self.name}'").techniques():
+        try:
+            recipe = recipes.parse(self.recipe, origin=f"configuration '{self.name}'")
+        except LlmoptError as exc:  # written by another llmopt release: said, and the rest still listed
+            verdict.refusals.append(exc.problem)
+            return verdict
+        for technique in recipe.techniques():
             compatibility.apply(technique, architecture, hardware, verdict)
         return verdict
 

@@ -43,7 +43,7 @@ def save(name: str, fields: dict[str, Any]) -> HardwareProfile:
         profile = HardwareProfile(name=name, **entry)
     except ValidationError as exc:
         where, problem = first_invalid(exc.errors())
-        raise LlmoptError(f"bad hardware profile {where or 'fields'}: {problem}",
+        raise LlmoptError(f"bad hardware profile {where}: {problem}" if where else f"bad hardware profile: {problem}",
                           "give a description, a positive price per hour, a date (as_of) and a discount in [0, 1)") from None
     own = _read()
     own[name] = entry
