@@ -471,7 +471,7 @@ def test_a_configuration_the_matrix_refuses_here_is_refused_before_its_build_and
     assert shipped["smoothquant"].verdict_here("GPT2LMHeadModel", zen4).refusals[0].startswith("quantization.smoothquant is not supported")
 
     listed = run_cli("configs", "list", smol.id)
-    slow_here = [n for n, c in shipped.items() if llmopt.config_verdict(c).warnings]
+    slow_here = [n for n, v in zip(shipped, llmopt.config_verdicts(list(shipped.values()))) if v.warnings]
     said = " ".join(listed.stderr.split())  # as one line, however the terminal folded it
     assert listed.returncode == 0 and (f"{', '.join(slow_here)} run slowly on this machine" in said) == bool(slow_here)
 

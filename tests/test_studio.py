@@ -306,8 +306,9 @@ def test_a_configuration_that_cannot_run_here_says_why_and_offers_no_deploy(
     shipped = deployment_configs.for_model(sdk.DEFAULT_MODEL)
     runs, slow = (c.model_copy(update={"model": "tiny"}) for c in (shipped[0], shipped[1]))
     monkeypatch.setattr(sdk, "configs", lambda model: [runs, slow])
-    monkeypatch.setattr(sdk, "config_verdict", lambda c: compatibility.Verdict(
-        refusals=["quantization.awq: no kernel here"] if c is slow else [], warnings=["quantization.smoothquant: slow here"]))
+    monkeypatch.setattr(sdk, "config_verdicts", lambda found: [compatibility.Verdict(
+        refusals=["quantization.awq: no kernel here"] if c is slow else [], warnings=["quantization.smoothquant: slow here"])
+        for c in found])
     listed = client.get("/api/models/tiny/configs").json()
     assert [c["refusals"] for c in listed] == [[], ["quantization.awq: no kernel here"]]
     assert all(c["slow"] == ["quantization.smoothquant: slow here"] for c in listed)

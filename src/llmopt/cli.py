@@ -170,7 +170,7 @@ def deploy(
     doing = f"starting vLLM for {model}"
     if config is not None:
         chosen = next((c for c in sdk.configs(model) if c.name == config), None)
-        _warn(sdk.config_warnings([chosen]) + sdk.config_verdict(chosen).warnings if chosen else [])
+        _warn(sdk.config_warnings([chosen]) + sdk.config_verdicts([chosen])[0].warnings if chosen else [])
         doing = f"building (or reusing) and starting configuration {config} of {model}"
     with _working(doing):
         endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
@@ -409,13 +409,14 @@ def configs_list(model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id o
         return _json(found)
     recommendation.configurations(found, console)
     _warn(sdk.config_warnings(found))
-    verdicts = [(c.name, sdk.config_verdict(c)) for c in found]
+    verdicts = list(zip(found, sdk.config_verdicts(found)))
     for said, how in (("refusals", "cannot run on this machine, and `deploy --config` refuses them here"),
                       ("warnings", "run slowly on this machine")):
-        reasons = [(name, getattr(v, said)[0]) for name, v in verdicts if getattr(v, said)]
-        for reason in dict.fromkeys(r for _, r in reasons):
-            named = dict.fromkeys(name for name, r in reasons if r == reason)
-            _warn([f"{', '.join(named)} {how}: {reason}"])
+        by_reason: dict[str, dict[str, None]] = {}  # each reason's configurations, named once, in order
+        for config, said_here in verdicts:
+            for reason in getattr(said_here, said)[:1]:
+                by_reason.setdefault(reason, {})[config.name] = None
+        _warn([f"{', '.join(named)} {how}: {reason}" for reason, named in by_reason.items()])
     if not found:
         console.print(f"none yet; measure some with: llmopt recommend {model}")
 

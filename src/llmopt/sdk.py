@@ -46,7 +46,7 @@ JOB_EXECUTORS = executors.NAMES
 
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
-    "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warnings", "config_verdict", "demo_recipe", "deploy", "configs",
+    "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warnings", "config_verdicts", "demo_recipe", "deploy", "configs",
     "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_plan", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "export_deployment", "EXPORT_FORMATS", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "kept_kernels", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
@@ -221,10 +221,11 @@ def _configured_artifact(model: str, config: str) -> Path:
     """The artifact of a model's deployment configuration, built by an ordinary job or reused by key."""
     source = sources.resolve(model)
     chosen = deployment_configs.get(source.id, config)
-    refusals = config_verdict(chosen).refusals
-    if refusals:
-        runs_here = list(dict.fromkeys(c.name for c in configs(source.id) if not config_verdict(c).refusals))
-        raise LlmoptError(f"configuration '{config}' cannot run on this machine: {refusals[0]}",
+    listed = configs(source.id)
+    verdict, *listed_verdicts = config_verdicts([chosen, *listed])
+    if verdict.refusals:
+        runs_here = list(dict.fromkeys(c.name for c, v in zip(listed, listed_verdicts) if not v.refusals))
+        raise LlmoptError(f"configuration '{config}' cannot run on this machine: {verdict.refusals[0]}",
                           (f"deploy one that can ({', '.join(runs_here)}), or m" if runs_here else "M")
                           + f"easure this machine's own with `llmopt recommend {source.id}`")
     job = optimize(source.id, {"name": names.slug(config)[:30], **chosen.recipe})
@@ -262,15 +263,20 @@ def config_warnings(found: list[deployment_configs.DeploymentConfig]) -> list[st
             for differences, group in by_machine.items()]
 
 
-def config_verdict(config: deployment_configs.DeploymentConfig) -> compatibility.Verdict:
-    """What the compatibility matrix says of a configuration's recipe here: `deploy` refuses one
-    it refuses before anything is built, and warns of what it marks slow."""
-    found = sources.find(config.model)
+def config_verdicts(found: list[deployment_configs.DeploymentConfig]) -> list[compatibility.Verdict]:
+    """What the compatibility matrix says of each configuration's recipe here, in order: `deploy`
+    refuses one it refuses before anything is built, and warns of what it marks slow."""
+    here = platform.detect()
+    architectures = {model: _architecture(model) for model in {c.model for c in found}}
+    return [c.verdict_here(architectures[c.model], here) for c in found]
+
+
+def _architecture(model: str) -> str:
+    found = sources.find(model)
     if found is not None:
-        architecture = found.architecture
-    else:  # a catalogued model not imported yet: its configurations read before its packages are installed
-        architecture = catalog.get(config.model).architecture if catalog.is_catalog_id(config.model) else None
-    return config.verdict_here(architecture or "unknown", platform.detect())
+        return found.architecture or "unknown"
+    # a catalogued model not imported yet: its configurations read before its packages are installed
+    return catalog.get(model).architecture if catalog.is_catalog_id(model) else "unknown"
 
 
 def recommend(

@@ -43,9 +43,9 @@ def configurations(model_id: str) -> list[dict[str, Any]]:
     on another kind of machine, and what the compatibility matrix says against it here (deploying
     it is refused then, and a slow one is said)."""
     model = lookup(sdk.get_model, model_id)
-    found = [(c, sdk.config_verdict(c)) for c in sdk.configs(model.id)]
+    found = sdk.configs(model.id)
     return [{**c.model_dump(mode="json"), "warning": next(iter(sdk.config_warnings([c])), None), "refusals": verdict.refusals,
-             "slow": verdict.warnings} for c, verdict in found]
+             "slow": verdict.warnings} for c, verdict in zip(found, sdk.config_verdicts(found))]
 
 
 @api.get("/models", summary="Imported models")
