@@ -44,9 +44,9 @@ def measure(spec: serving.ServingSpec, quality: bool) -> dict[str, float]:
             results = llmopt.evaluate(endpoint=endpoint.name, dataset="synthetic:16,128", concurrency=[concurrency],
                                       requests=requests, min_duration_s=0, quality=False)
             level = results.targets[0].levels[0]
-            if not level.tpot_ms:
+            if level.decode_tokens_per_s is None:
                 raise SystemExit(f"{spec.model_label} at {case}: no time per output token measured ({level.invocation_errors} failed requests)")
-            found[case] = round(concurrency * 1000 / level.tpot_ms.p50, 1)
+            found[case] = round(level.decode_tokens_per_s, 1)
         if quality:
             scored = llmopt.evaluate(endpoint=endpoint.name, concurrency=[1], requests=1, min_duration_s=0, quality=True)
             perplexity = scored.targets[0].quality.perplexity if scored.targets[0].quality else None

@@ -5,7 +5,9 @@ For each catalogued model that is installed: a full recommendation (every candid
 allows here, concurrency 1, 2, 4 and 8, the built-in QA workload), timed; then the same command
 again, which must reuse everything. Recorded beside the configurations: the latency pick's tokens/s
 per user at concurrency 1 and the throughput pick's total tokens/s, each over
-bf16's (targets: 2.5x and 2x on SmolLM2-135M), and the picks' quality cost.
+bf16's (targets: 2.5x and 2x on SmolLM2-135M), and the picks' quality cost. Each kind of machine
+has its own results (results/recommend_<machine>.json, reports in results/recommend-<model>-<machine>/)
+and its own shipped configurations beside the other kinds'.
 
     .venv/bin/python benchmarks/recommend.py [MODEL ...]
 """
@@ -22,13 +24,13 @@ from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.recommendation import configs, ranking, search
 
-RESULTS = Path(__file__).parent / "results" / "recommend.json"
+RESULTS = Path(__file__).parent / "results"
 LEVELS = (1, 2, 4, 8)
 
 
-def measure(model: str) -> dict:
+def measure(model: str, machine: str) -> dict:
     started = time.monotonic()
-    rec = llmopt.recommend(model, goal="balanced", concurrency=LEVELS, output=Path(__file__).parent / "results" / f"recommend-{model}")
+    rec = llmopt.recommend(model, goal="balanced", concurrency=LEVELS, output=RESULTS / f"recommend-{model}-{machine}")
     first = time.monotonic() - started
     started = time.monotonic()
     llmopt.recommend(model, goal="balanced", concurrency=LEVELS)
@@ -70,13 +72,14 @@ def throughput_ratios(rows: list[ranking.Row], pick: ranking.Row | None) -> dict
 def main() -> None:
     models = sys.argv[1:] or [c.id for c in llmopt.catalog_models()]
     hardware = platform.detect()
-    found = json.loads(RESULTS.read_text())["models"] if RESULTS.exists() else {}
+    results = RESULTS / f"recommend_{hardware.slug}.json"
+    found = json.loads(results.read_text())["models"] if results.exists() else {}
     for model in models:
         try:
-            found[model] = measure(model)
+            found[model] = measure(model, hardware.slug)
         except LlmoptError as exc:  # a catalogued model whose packages are not installed here
             print(f"{model}: skipped ({exc.one_line()})")
-    RESULTS.write_text(json.dumps({"processor": hardware.cpu_label, "cores": hardware.cores, "models": found}, indent=2))
+    results.write_text(json.dumps({"processor": hardware.cpu_label, "cores": hardware.cores, "models": found}, indent=2))
     for model, result in found.items():
         print(f"\n{model}: first run {result['first_run_minutes']} min, again {result['second_run_seconds']} s")
         print(f"  latency pick {result['latency_pick']}: {result['latency_pick_vs_bf16_per_user_c1']}x bf16 tokens/s per user at c=1")

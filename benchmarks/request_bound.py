@@ -12,8 +12,8 @@ the bound: at best it makes decoding free, which the "prefill alone" column give
 Inputs: the machine's rates (`roofline.machine_rates`: kept per machine, measured the first time),
 each candidate's artifact (its safetensors headers), the workload's prompts as the model's chat
 template renders them, and a `recommend` run's rows and output lengths
-(`results/recommend-<model>/recommendation.json`, where the shipped configurations came from;
-the artifacts must be on this machine). Prints a table and writes results/request_bound.json.
+(`results/recommend-<model>-<machine>/recommendation.json`, this kind of machine's run, where its
+shipped configurations came from; the artifacts must be on this machine). Prints a table and writes results/request_bound.json.
 
     .venv/bin/python benchmarks/request_bound.py [MODEL]
 """
@@ -102,8 +102,8 @@ def bound(folder: Path, rates: roofline.Rates, prompts: list[list[int]], outputs
 
 
 def main(model: str) -> None:
-    rec = json.loads((RESULTS / f"recommend-{model}" / "recommendation.json").read_text())
     hw = platform.detect()
+    rec = json.loads((RESULTS / f"recommend-{model}-{hw.slug}" / "recommendation.json").read_text())
     rates = roofline.machine_rates(hw)
     spec = rec["spec"]
     # the prompts the levels measured: past the warm-ups, which go out under a cache salt of their own

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import llmopt
 from llmopt import artifact
-from llmopt.engine import platform
+from llmopt.engine import platform, vllm
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import benchmark
 from llmopt.roofline import Rates, Speculation, bound_tokens_per_s, measure_rates, traffic
@@ -65,7 +65,7 @@ def achieved(folder: Path) -> dict[str, tuple[float, Speculation | None]]:
                                       concurrency=[concurrency], requests=requests, min_duration_s=0, quality=False)
             level = results.targets[0].levels[0]
             speculating = benchmark.speculation(level)
-            speeds[case] = (concurrency * 1000 / level.tpot_ms.p50 if level.tpot_ms else 0.0, speculating)
+            speeds[case] = (level.decode_tokens_per_s or 0.0, speculating)
             kept = f", {speculating.accepted_length:.2f} tokens a step" if speculating else ""
             print(f"  {case}: {speeds[case][0]:.1f} tokens/s (TPOT p50 {level.tpot_ms.p50 if level.tpot_ms else 0:.2f} ms{kept})",
                   flush=True)
@@ -100,7 +100,8 @@ def main() -> None:
         if job.artifact is None:
             raise SystemExit(f"{kind}: job {job.name} ended {job.status}: {job.record.failure_reason}")
         built[kind] = Path(job.artifact)
-    streamed = {kind: traffic(folder) for kind, folder in built.items()}  # read from the headers once
+    # read from the headers once, in the dtype each is served in here (float32 on x86 without AVX-512)
+    streamed = {kind: traffic(folder, vllm.dtype(artifact.load(folder).engine.settings, hardware)) for kind, folder in built.items()}
     measured: list[Rates] = []
     speeds: dict[str, list[dict[str, tuple[float, Speculation | None]]]] = {kind: [] for kind in built}
     for round_ in range(1, args.rounds + 1):

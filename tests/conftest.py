@@ -51,8 +51,9 @@ VNNI = platform.detect().has_vnni
 QUICK_SMOOTHQUANT = {"method": "smoothquant", "weights": "rtn", "calibration": {"samples": 8, "sequence_length": 128},
                      "ignore": [], "max_perplexity_increase": 0.05}
 # Without VNNI (AVX2 Zen 3 EPYC), the suite's SmoothQuant jobs are the quick recipe itself, its
-# lm_head too: the built-in recipe's GPTQ pass took 366 s there in bf16, which that processor
-# multiplies slowly, and every distinct SmoothQuant artifact is a cold compile (about 100 s there),
+# lm_head too: the built-in recipe's quantizing took 100 s there in float32 (319 s in bf16, which
+# that processor multiplies slowly; benchmarks/calibration_dtype.py), against seconds for the quick
+# one, and every distinct SmoothQuant artifact is a cold compile (about 100 s there),
 # so the `smoothquant` fixture, the retried job after a kill and test_quantization's SmoothQuant
 # scheme share one artifact and one compiled entry, and the suite stays inside CI's time. (The
 # demo's test takes the n-gram recipe there, as the demo does.)

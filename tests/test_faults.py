@@ -23,6 +23,7 @@ import pytest
 
 import llmopt
 from llmopt import artifact, client, names, paths, procs, records, sources
+from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
 from llmopt.techniques import quantization
@@ -306,7 +307,7 @@ def test_ctrl_c_while_waiting_exits_130_and_the_job_goes_on(smol: sources.Model)
 def test_kills_at_every_stage_leave_true_records(smol: sources.Model, baseline: llmopt.Job, tmp_path: Path) -> None:
     # the worker, mid-quantization: FAILED with the reason, nothing complete-looking, and a retry succeeds
     quick = {"quantization": QUICK_SMOOTHQUANT}
-    kept = quantization.kept_weights(schemes.SmoothQuant(**QUICK_SMOOTHQUANT), smol, 1)
+    kept = quantization.kept_weights(schemes.SmoothQuant(**QUICK_SMOOTHQUANT), smol, 1, quantization.calibration_dtype(platform.detect()))
     shutil.rmtree(kept, ignore_errors=True)  # quantizing here, whatever this session quantized before (kept weights are linked)
     # built here, not reused, whatever an earlier test built (without VNNI the suite's SmoothQuant recipe is this one)
     job = llmopt.optimize(smol.id, quick, name="killed-mid-quantize", force=True, wait=False)

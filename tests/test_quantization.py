@@ -18,6 +18,7 @@ from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
 from llmopt.jobs import store
+from llmopt.techniques import quantization
 from llmopt.techniques.quantization import calibration, schemes
 
 from conftest import QUICK_SMOOTHQUANT, SUITE_SMOOTHQUANT, assert_one_line_error, run_cli
@@ -98,6 +99,11 @@ def test_scheme_end_to_end(quantized, baseline: llmopt.Job, smol: sources.Model)
         # an lm_head quantized apart from the embeddings adds its INT8 copy to the checkpoint (192 of 269 MB)
         assert q.size_bytes < (0.7 if "lm_head" in manifest.recipe.quantization.ignore else 0.75) * q.source_size_bytes
         assert q.source_size_bytes == (Path(smol.path) / "model.safetensors").stat().st_size
+        # quantized in float32 where the machine serves float32 (x86 without AVX-512), bf16 elsewhere;
+        # either way the layers left unquantized are stored in bf16
+        assert q.dtype == quantization.calibration_dtype(platform.detect())
+        stored = {t["dtype"] for name, t in roofline.tensors(job.artifact).items() if not name.endswith("scale")}
+        assert stored & {"F32", "F16", "BF16"} == {"BF16"}, stored
         assert kernel in metrics.kernels.values(), metrics.kernels  # vLLM's kernel choice is recorded
         lm_head = roofline.tensors(job.artifact).get("lm_head.weight")
         if "lm_head" in manifest.recipe.quantization.ignore:  # tied: the bf16 embedding matrix serves as the lm_head
@@ -289,10 +295,11 @@ def test_calibration_text_is_part_of_the_artifact_key(smol: sources.Model, tmp_p
     data = tmp_path / "calib.jsonl"
     data.write_text('{"text": "one"}\n')
     recipe = Recipe(quantization=SmoothQuant(calibration=Calibration(dataset=str(data))))
-    before = techniques.key_extras(recipe, smol)
+    here = platform.detect()
+    before = techniques.key_extras(recipe, smol, here)
     data.write_text('{"text": "two"}\n')
-    assert techniques.key_extras(recipe, smol)["quantization.calibration"] != before["quantization.calibration"]
-    assert techniques.key_extras(Recipe(quantization=AWQ()), smol)["quantization.calibration"] == calibration.fingerprint(Calibration())
+    assert techniques.key_extras(recipe, smol, here)["quantization.calibration"] != before["quantization.calibration"]
+    assert techniques.key_extras(Recipe(quantization=AWQ()), smol, here)["quantization.calibration"] == calibration.fingerprint(Calibration())
 
 
 def test_kept_weights_are_keyed_by_what_makes_them(smol: sources.Model) -> None:
@@ -300,7 +307,25 @@ def test_kept_weights_are_keyed_by_what_makes_them(smol: sources.Model) -> None:
     from llmopt.techniques.quantization import kept_weights
 
     quick = SmoothQuant(**QUICK_SMOOTHQUANT)
-    assert kept_weights(quick.model_copy(update={"max_perplexity_increase": 0.0}), smol, 1) == kept_weights(quick, smol, 1)
+    bf16 = "bfloat16"
+    assert kept_weights(quick.model_copy(update={"max_perplexity_increase": 0.0}), smol, 1, bf16) == kept_weights(quick, smol, 1, bf16)
     for changed in ({"weights": "gptq"}, {"alpha": 0.5}, {"ignore": ["lm_head"]}):
-        assert kept_weights(quick.model_copy(update=changed), smol, 1) != kept_weights(quick, smol, 1), changed
-    assert kept_weights(quick, smol, 2) != kept_weights(quick, smol, 1)
+        assert kept_weights(quick.model_copy(update=changed), smol, 1, bf16) != kept_weights(quick, smol, 1, bf16), changed
+    assert kept_weights(quick, smol, 2, bf16) != kept_weights(quick, smol, 1, bf16)
+    # weights rounded from float32 (quantizing where the machine serves float32) are others
+    assert kept_weights(quick, smol, 1, "float32") != kept_weights(quick, smol, 1, bf16)
+
+
+def test_quantizing_runs_in_the_dtype_the_machine_serves(smol: sources.Model) -> None:
+    """On x86 without AVX-512 torch's bf16 matmuls run at 1-10 GFLOP/s: quantizing loads and
+    calibrates the model in float32 there, and the artifact's key says so; elsewhere in bf16, with
+    the keys they had before the dtype counted."""
+    avx2 = platform.Hardware(device="cpu", cpu_model="AMD EPYC", cores=2, memory_gib=24, cpu_flags=("avx", "avx2"), gpu=None)
+    avx512 = avx2.model_copy(update={"cpu_flags": ("avx", "avx2", "avx512_bf16", "avx512f")})
+    assert (quantization.calibration_dtype(avx2), quantization.calibration_dtype(avx512)) == ("float32", "bfloat16")
+    quick = Recipe(quantization=SmoothQuant(**QUICK_SMOOTHQUANT))
+    assert techniques.key_extras(quick, smol, avx2)["quantization.dtype"] == "float32"
+    assert "quantization.dtype" not in techniques.key_extras(quick, smol, avx512), "bf16 keys as before the dtype counted"
+    config = json.loads((Path(smol.path) / "config.json").read_text())
+    assert quantization.estimate_peak_bytes(quick.quantization, config, smol.size_bytes, "float32") > \
+        quantization.estimate_peak_bytes(quick.quantization, config, smol.size_bytes) + smol.size_bytes

@@ -143,12 +143,12 @@ def test_a_ray_job_submits_the_local_worker_command_with_its_log_env_and_resourc
 
 
 def test_a_quantizing_job_reserves_what_quantizing_needs(smol: sources.Model) -> None:
-    from llmopt.techniques.quantization import estimate_peak_bytes
+    from llmopt.techniques.quantization import calibration_dtype, estimate_peak_bytes
 
     recipe = Recipe(quantization=SmoothQuant())
     config = json.loads((Path(smol.path) / "config.json").read_text())
-    quantizing = estimate_peak_bytes(recipe.quantization, config, smol.size_bytes)
     hardware = platform.detect()
+    quantizing = estimate_peak_bytes(recipe.quantization, config, smol.size_bytes, calibration_dtype(hardware))
     assert pipeline.peak_memory_bytes(smol, recipe, hardware) == max(quantizing, pipeline.peak_memory_bytes(smol, Recipe(), hardware))
     assert quantizing > 3 * smol.size_bytes
 

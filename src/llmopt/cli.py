@@ -405,8 +405,8 @@ def cache_prune(
 def configs_list(model: str = typer.Argument(sdk.DEFAULT_MODEL, help="Model id or catalogue id."), as_json: bool = JSON) -> None:
     """A model's deployment configurations and their benchmark rows: measured here first, then shipped."""
     found = sdk.configs(model)
-    if as_json:
-        return _json(found)
+    if as_json:  # with what holds for each here, as the studio has them
+        return _json(sdk.config_listing(found))
     recommendation.configurations(found, console)
     _warn(sdk.config_warnings(found))
     verdicts = list(zip(found, sdk.config_verdicts(found)))

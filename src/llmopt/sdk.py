@@ -46,7 +46,7 @@ JOB_EXECUTORS = executors.NAMES
 
 __all__ = [
     "DEFAULT_MODEL", "Endpoint", "EngineConfig", "EvaluationResults", "Job", "JobRecord", "LlmoptError", "Model",
-    "catalog_models", "compatibility_matrix", "coverage_matrix", "config_warnings", "config_verdicts", "demo_recipe", "deploy", "configs",
+    "catalog_models", "compatibility_matrix", "coverage_matrix", "config_listing", "config_warnings", "config_verdicts", "demo_recipe", "deploy", "configs",
     "recommend", "list_evaluations", "get_evaluation", "stop_evaluation", "evaluation_logs", "evaluation_plan", "evaluation_results", "engine_config", "endpoint_logs", "evaluate", "export_command", "export_deployment", "EXPORT_FORMATS", "get_endpoint",
     "get_job", "get_model", "import_model", "job_logs", "kept_kernels", "list_cache", "list_endpoints", "list_jobs", "list_models",
     "list_recipes", "load_recipe", "load_results", "optimize", "prune_cache", "recipe_from_flags", "recipe_schema",
@@ -220,8 +220,8 @@ def deploy(
 def _configured_artifact(model: str, config: str) -> Path:
     """The artifact of a model's deployment configuration, built by an ordinary job or reused by key."""
     source = sources.resolve(model)
-    chosen = deployment_configs.get(source.id, config)
     listed = configs(source.id)
+    chosen = deployment_configs.get(source.id, config, platform.detect())
     verdict, *listed_verdicts = config_verdicts([chosen, *listed])
     if verdict.refusals:
         runs_here = list(dict.fromkeys(c.name for c, v in zip(listed, listed_verdicts) if not v.refusals))
@@ -237,21 +237,22 @@ def _configured_artifact(model: str, config: str) -> Path:
 
 
 def configs(model: str) -> list[deployment_configs.DeploymentConfig]:
-    """A model's deployment configurations: measured here first, then shipped. Imports nothing, so a
-    catalogued model's shipped ones read before its packages are installed, as a user choosing would."""
+    """A model's deployment configurations: those measured on this kind of machine first, the user's
+    before the shipped ones. Imports nothing, so a catalogued model's shipped ones read before its
+    packages are installed, as a user choosing would."""
     if catalog.is_catalog_id(model):
-        return deployment_configs.for_model(model)
+        return deployment_configs.for_model(model, platform.detect())
     found = sources.find(model)
     if found is None:
         raise LlmoptError(f"no imported model '{model}' to list configurations of",
                           "give an imported model's id (`llmopt models list`) or a catalogue id")
-    return deployment_configs.for_model(found.id)
+    return deployment_configs.for_model(found.id, platform.detect())
 
 
-def config_warnings(found: list[deployment_configs.DeploymentConfig]) -> list[str]:
-    """What to say of configurations whose rows were measured on another kind of machine: one
-    line for each such machine, naming its configurations."""
-    here = platform.detect()
+def config_warnings(found: list[deployment_configs.DeploymentConfig], here: platform.Hardware | None = None) -> list[str]:
+    """What to say of configurations whose rows were measured on another kind of machine than
+    `here` (this one when None): one line for each such machine, naming its configurations."""
+    here = here or platform.detect()
     by_machine: dict[str, list[deployment_configs.DeploymentConfig]] = {}
     for config in found:
         differences = here.differences(config.hardware)
@@ -269,6 +270,15 @@ def config_verdicts(found: list[deployment_configs.DeploymentConfig]) -> list[co
     here = platform.detect()
     architectures = {model: _architecture(model) for model in {c.model for c in found}}
     return [c.verdict_here(architectures[c.model], here) for c in found]
+
+
+def config_listing(found: list[deployment_configs.DeploymentConfig]) -> list[dict[str, Any]]:
+    """Each configuration as JSON with what holds for it here: `warning` when it was measured on
+    another kind of machine, the matrix's `refusals` (deploying it is refused) and what it marks
+    `slow`. What `configs list --json` prints and the studio shows."""
+    here = platform.detect()
+    return [{**c.model_dump(mode="json"), "warning": next(iter(config_warnings([c], here)), None), "refusals": verdict.refusals,
+             "slow": verdict.warnings} for c, verdict in zip(found, config_verdicts(found))]
 
 
 def _architecture(model: str) -> str:

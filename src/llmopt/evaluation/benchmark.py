@@ -162,7 +162,8 @@ def decode_bound(level: Level, traffic: roofline.Traffic, rates: roofline.Rates,
     """The level's decode speed against the bound at its batch and mean context; when it speculated,
     a step yields the tokens its steps kept on average, and `draft` (a draft model's weights) adds
     its passes. None where llmopt cannot read the weights, the target's or a draft model's."""
-    if not traffic.weights_bytes or not level.tpot_ms or level.tpot_ms.p50 <= 0:
+    achieved = level.decode_tokens_per_s
+    if not traffic.weights_bytes or achieved is None:
         return None
     speculating = speculation(level, draft)
     if level.speculative is not None and (speculating is None or (draft is not None and not draft.weights_bytes)):
@@ -170,7 +171,7 @@ def decode_bound(level: Level, traffic: roofline.Traffic, rates: roofline.Rates,
     per = level.per_request
     context = (per.input_tokens.mean if per.input_tokens else 0) + (per.output_tokens.mean if per.output_tokens else 0) / 2
     bound, limit = roofline.bound_tokens_per_s(traffic, rates, level.concurrency, round(context), speculating)
-    return DecodeBound(achieved_tok_s=level.concurrency * 1000 / level.tpot_ms.p50, bound_tok_s=bound, limited_by=limit,
+    return DecodeBound(achieved_tok_s=achieved, bound_tok_s=bound, limited_by=limit,
                        weights_read_per_token_bytes=traffic.weights_bytes, read_gb_s=rates.read_gb_s,
                        accepted_length=speculating.accepted_length if speculating else None)
 

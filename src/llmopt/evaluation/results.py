@@ -136,6 +136,12 @@ class Level(_Result):
     def total_tokens_per_s(self) -> float:
         return self.input_tokens_per_s + self.output_tokens_per_s
 
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens/s of the decode steps alone, every user's together, from the median time per output
+        token: output tokens/s counts prefill and waits too, which the roofline's bound does not."""
+        return self.concurrency * 1000 / self.tpot_ms.p50 if self.tpot_ms and self.tpot_ms.p50 > 0 else None
+
 
 class Quality(_Result):
     """Perplexity of held-out text, greedy outputs, and teacher-forced agreement with the first

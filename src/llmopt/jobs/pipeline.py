@@ -31,7 +31,8 @@ def plan(recipe: Any) -> list[Step]:
 def peak_memory_bytes(source: Model, recipe: Any, hardware: platform.Hardware) -> int:
     """What a job's worker may hold at once, for a scheduler to reserve: the larger of its build
     steps' peak, each technique's own estimate (quantizing: about three times the source's weights,
-    the bf16 model and its compressed copy, plus the libraries and the calibration activations), and
+    the model in the dtype it quantizes in and its compressed copy, six where that is float32, plus
+    the libraries and the calibration activations), and
     the measure step's server (the source's weights, at least the artifact's; the KV cache when it
     is in host memory; the server's overhead). A draft model's weights are not counted."""
     kv_cache = techniques.engine(recipe).kv_cache_gib * 2**30 if hardware.device == "cpu" else 0
@@ -49,7 +50,7 @@ def artifact_key(source: Model, recipe: Any, hardware: platform.Hardware) -> str
         "recipe": recipe_data,
         "engine": list(vllm.engine_name_version()),
         "device": hardware.device,
-        **techniques.key_extras(recipe, source),
+        **techniques.key_extras(recipe, source, hardware),
     })
 
 

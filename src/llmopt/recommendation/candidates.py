@@ -165,7 +165,7 @@ def quantizing(candidate: dict, source: Model, hardware: Hardware) -> tuple[floa
     if not candidate.get("quantization"):
         return 0.0, None
     parsed = recipe.parse({k: v for k, v in candidate.items() if k != "name"})
-    kept = quantization.kept_weights(parsed.quantization, source, parsed.tensor_parallel_size)
+    kept = quantization.kept_weights(parsed.quantization, source, parsed.tensor_parallel_size, quantization.calibration_dtype(hardware))
     if (kept / quantization.KEPT_RECORD).is_file():
         return 0.0, kept.name
     per_gigabyte = {"smoothquant": 330, "awq": 1000, "fp8": 20}.get(parsed.quantization.method, 330)

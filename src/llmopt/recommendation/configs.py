@@ -76,23 +76,30 @@ def measured_file(model: str) -> Path:
     return folder / f"{model}.json"
 
 
-def for_model(model: str) -> list[DeploymentConfig]:
-    """The user's measured configurations first, then the shipped ones."""
-    return _read(measured_file(model), "measured") + _read(SHIPPED / f"{model}.json", "shipped")
+def for_model(model: str, here: Hardware | None = None) -> list[DeploymentConfig]:
+    """The user's measured configurations first, then the shipped ones; with `here`, those measured
+    on this kind of machine before the rest. A name may be measured on several kinds of machine (the
+    shipped files hold a set for each kind the reference runs were made on), whose rows differ."""
+    found = _read(measured_file(model), "measured") + _read(SHIPPED / f"{model}.json", "shipped")
+    return found if here is None else sorted(found, key=lambda c: not c.same_machine(here))
 
 
-def get(model: str, name: str) -> DeploymentConfig:
-    found = [c for c in for_model(model) if c.name == name]
+def get(model: str, name: str, here: Hardware | None = None) -> DeploymentConfig:
+    """The named configuration, as measured on this kind of machine when it was."""
+    listed = for_model(model, here)
+    found = [c for c in listed if c.name == name]
     if not found:
-        known = sorted({c.name for c in for_model(model)})
+        known = sorted({c.name for c in listed})
         raise LlmoptError(f"no deployment configuration '{name}' for '{model}'",
                           f"use one of {', '.join(known)}" if known else f"measure some with `llmopt recommend {model}`")
     return found[0]
 
 
 def save(model: str, found: list[DeploymentConfig], path: Path | None = None) -> Path:
-    """Write configurations for a model, replacing those of the same names."""
+    """Write configurations for a model, replacing those of the same names measured on the same kind
+    of machine: another kind's rows under those names stay, for users of that kind."""
     path = path or measured_file(model)
-    kept = [c for c in _read(path, found[0].source if found else "measured") if c.name not in {f.name for f in found}]
+    kept = [c for c in _read(path, found[0].source if found else "measured")
+            if not any(f.name == c.name and f.same_machine(c.hardware) for f in found)]
     paths.write_atomic(path, json.dumps([c.model_dump(mode="json", exclude={"source"}) for c in kept + found], indent=2))
     return path

@@ -39,13 +39,8 @@ def catalogue() -> list[dict[str, Any]]:
 
 
 def configurations(model_id: str) -> list[dict[str, Any]]:
-    """An imported model's deployment configurations, each with its warning when it was measured
-    on another kind of machine, and what the compatibility matrix says against it here (deploying
-    it is refused then, and a slow one is said)."""
-    model = lookup(sdk.get_model, model_id)
-    found = sdk.configs(model.id)
-    return [{**c.model_dump(mode="json"), "warning": next(iter(sdk.config_warnings([c])), None), "refusals": verdict.refusals,
-             "slow": verdict.warnings} for c, verdict in zip(found, sdk.config_verdicts(found))]
+    """An imported model's deployment configurations, with what holds for each here (`sdk.config_listing`)."""
+    return sdk.config_listing(sdk.configs(lookup(sdk.get_model, model_id).id))
 
 
 @api.get("/models", summary="Imported models")

@@ -72,9 +72,11 @@ def _context(recipe: Any, target: Model, hardware: Hardware) -> CheckContext:
                         compatibility.Verdict())
 
 
-def key_extras(recipe: Any, source: Model) -> dict[str, Any]:
-    """What each section reads beyond itself (files, other models), for the artifact key."""
-    return {f"{technique.section}.{k}": v for technique, spec in active(recipe) for k, v in technique.key(spec, source).items()}
+def key_extras(recipe: Any, source: Model, hardware: Hardware) -> dict[str, Any]:
+    """What each section reads beyond itself (files, other models) and what the building machine
+    chooses for it (the dtype quantizing runs in), for the artifact key."""
+    return {f"{technique.section}.{k}": v for technique, spec in active(recipe)
+            for k, v in technique.key(spec, source, hardware).items()}
 
 
 def steps(recipe: Any) -> list[Step]:

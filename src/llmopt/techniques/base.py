@@ -116,8 +116,9 @@ class Technique:
         scheduler to reserve); 0: no more than serving the artifact takes."""
         return 0
 
-    def key(self, spec: Any, source: Model) -> dict[str, Any]:
-        """Inputs beyond the section itself that make the artifact what it is (files it reads)."""
+    def key(self, spec: Any, source: Model, hardware: Hardware) -> dict[str, Any]:
+        """Inputs beyond the section itself that make the artifact what it is (files it reads, what
+        the machine that builds it chooses)."""
         return {}
 
     def steps(self, spec: Any) -> list[Step]:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, TypeAdapter, model_validator
 from llmopt import catalog, hashing, sources
 from llmopt.engine import metrics as engine_metrics
 from llmopt.engine import vllm
+from llmopt.engine.platform import Hardware
 from llmopt.engine.config import EngineConfig, SpeculativeConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import compare, levels, workload
@@ -212,7 +213,7 @@ class SpeculativeTechnique(Technique):
             except LlmoptError as exc:
                 ctx.verdict.refusals.append(f"speculative.sweep.dataset: {exc.problem}; {exc.fix}")
 
-    def key(self, spec: DraftModel | NGram, source: sources.Model) -> dict[str, Any]:
+    def key(self, spec: DraftModel | NGram, source: sources.Model, hardware: Hardware) -> dict[str, Any]:
         """The draft's content and quantization (the catalogue may recommend one, with its calibration
         text), and the user's workload the sweep measures on (where speculation pays depends on it)."""
         extras: dict[str, Any] = {}
@@ -221,7 +222,7 @@ class SpeculativeTechnique(Technique):
             extras["draft"] = draft.model.content_hash
             if draft.quantization is not None:
                 extras["draft_quantization"] = draft.quantization.model_dump(mode="json")
-                extras |= {f"draft_{k}": v for k, v in quantization.TECHNIQUE.key(draft.quantization, draft.model).items()}
+                extras |= {f"draft_{k}": v for k, v in quantization.TECHNIQUE.key(draft.quantization, draft.model, hardware).items()}
         sweep_file = Path(spec.sweep.dataset)
         if spec.disable_above_batch == "auto" and sweep_file.is_file():
             extras["sweep"] = hashing.file_sha256(sweep_file)

@@ -21,6 +21,7 @@ import psutil
 from pydantic import BaseModel
 
 from llmopt import hashing, paths, procs, roofline
+from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.sources import Model
 from llmopt.techniques.base import BuildContext, CheckContext, Step, Technique
@@ -30,26 +31,42 @@ from llmopt.techniques.quantization.schemes import Quantization
 
 KEPT_RECORD = "quantization.json"
 RUNTIME_BYTES = 1.5e9  # torch, transformers and llm-compressor imported, before any model
-ACTIVATION_COPIES = 12  # bf16 hidden-state copies per calibrated token (layer inputs, outputs, AWQ's cached args)
+ACTIVATION_COPIES = 12  # hidden-state copies per calibrated token (layer inputs, outputs, AWQ's cached args)
 
 
-def estimate_peak_bytes(q: Quantization, config: dict, weight_bytes: int) -> int:
-    """What quantizing needs at its peak: the bf16 model, its compressed copy while saving, the
-    calibration activations the sequential pipeline keeps for every sample, and the largest
-    per-layer GPTQ Hessian. An upper bound from the requested calibration size."""
+def calibration_dtype(hw: platform.Hardware) -> str:
+    """What a model is loaded, calibrated and quantized in: bf16, except where this machine serves
+    float32 (x86 without AVX-512, `platform.default_dtype`), whose bf16 matmuls run at 1-10 GFLOP/s
+    (the built-in SmoothQuant over SmolLM2-135M took 319 s in bf16 and 100 s in float32 on a Zen 3
+    EPYC, benchmarks/calibration_dtype.py). Weights rounded from float32 differ from those rounded
+    from bf16, so the dtype is in their keys there."""
+    return platform.default_dtype(hw)
+
+
+def _dtype_key(dtype: str) -> dict[str, str]:
+    """The calibration dtype for a key: nothing for bf16, so keys made before it counted stay."""
+    return {} if dtype == "bfloat16" else {"dtype": dtype}
+
+
+def estimate_peak_bytes(q: Quantization, config: dict, weight_bytes: int, dtype: str = "bfloat16") -> int:
+    """What quantizing needs at its peak: the model in `dtype` (from 16-bit weights on disk), its
+    compressed copy while saving, the calibration activations the sequential pipeline keeps for
+    every sample, and the largest per-layer GPTQ Hessian. An upper bound from the requested
+    calibration size."""
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    estimate = RUNTIME_BYTES + 3 * weight_bytes
+    width = roofline.FLOAT_BYTES[dtype]
+    estimate = RUNTIME_BYTES + 3 * weight_bytes * width // 2
     if schemes.needs_calibration(q):
         cal = q.calibration  # type: ignore[union-attr]
-        estimate += cal.samples * cal.sequence_length * hidden * 2 * ACTIVATION_COPIES
+        estimate += cal.samples * cal.sequence_length * hidden * width * ACTIVATION_COPIES
         estimate += heads * cal.sequence_length**2 * 4 * 2  # one sample's attention scores, fp32, forward and softmax
         estimate += sum(4 * w * w for w in schemes.LayerShapes.from_config(config).inputs) * 3
     return int(estimate)
 
 
-def check_memory(q: Quantization, config: dict, weight_bytes: int) -> str | None:
+def check_memory(q: Quantization, config: dict, weight_bytes: int, dtype: str = "bfloat16") -> str | None:
     """A refusal when the estimate exceeds the memory available now, else None."""
-    needed = estimate_peak_bytes(q, config, weight_bytes)
+    needed = estimate_peak_bytes(q, config, weight_bytes, dtype)
     available = psutil.virtual_memory().available
     if needed <= available:
         return None
@@ -77,6 +94,7 @@ class QuantizationRecord(BaseModel):
     size_bytes: int
     source_size_bytes: int
     seed: int = schemes.SEED  # torch's, Python's and NumPy's, set before quantizing; calibration runs in order
+    dtype: str = "bfloat16"  # what the model was loaded, calibrated and quantized in (`calibration_dtype`)
     reused: bool = False  # linked from weights an earlier job quantized the same way (figures are that job's)
 
     @property
@@ -113,16 +131,18 @@ class QuantizationTechnique(Technique):
                 calibration.check(spec.calibration)  # type: ignore[union-attr]
             except LlmoptError as exc:
                 ctx.verdict.refusals.append(f"calibration: {exc.problem}; {exc.fix}")
-        refusal = check_memory(spec, ctx.config, ctx.target.size_bytes)
+        refusal = check_memory(spec, ctx.config, ctx.target.size_bytes, calibration_dtype(ctx.hardware))
         if refusal:
             ctx.verdict.refusals.append(refusal)
 
     def peak_bytes(self, spec: Quantization, ctx: CheckContext) -> int:
-        return estimate_peak_bytes(spec, ctx.config, ctx.target.size_bytes)
+        return estimate_peak_bytes(spec, ctx.config, ctx.target.size_bytes, calibration_dtype(ctx.hardware))
 
-    def key(self, spec: Quantization, source: Model) -> dict[str, Any]:
-        """The calibration text: the built-in set changes between versions, a user's file may change."""
-        return {"calibration": calibration.fingerprint(spec.calibration)} if schemes.needs_calibration(spec) else {}  # type: ignore[union-attr]
+    def key(self, spec: Quantization, source: Model, hardware: platform.Hardware) -> dict[str, Any]:
+        """The calibration text (the built-in set changes between versions, a user's file may change)
+        and the dtype quantizing runs in on the machine."""
+        calibrated = {"calibration": calibration.fingerprint(spec.calibration)} if schemes.needs_calibration(spec) else {}  # type: ignore[union-attr]
+        return {**calibrated, **_dtype_key(calibration_dtype(hardware))}
 
     def steps(self, spec: Quantization) -> list[Step]:
         return [Step("quantize", self._apply, writes_weights=True)]
@@ -154,9 +174,9 @@ TECHNIQUE = QuantizationTechnique()
 CHECKPOINT_FORMAT = 2
 
 
-def kept_weights(q: Quantization, source_model: Model, tensor_parallel: int) -> Path:
+def kept_weights(q: Quantization, source_model: Model, tensor_parallel: int, dtype: str) -> Path:
     """Where weights quantized this way are kept: keyed by all that makes them."""
-    key = hashing.json_sha256({
+    key = hashing.json_sha256({**_dtype_key(dtype),
         "source": source_model.content_hash, "tensor_parallel": tensor_parallel,
         # the quality budget judges the weights, it does not make them: a retry with a raised one links them
         "scheme": q.model_dump(mode="json", exclude={"max_perplexity_increase"}),
@@ -176,7 +196,8 @@ def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_para
     sharding are kept (`$LLMOPT_HOME/quantized/<key>/`, hard-linked where it can be) and linked
     into the next artifact that asks for the same: stacking speculation or another engine setting
     on a quantized model does not quantize again."""
-    kept = kept_weights(q, source_model, tensor_parallel)
+    dtype = calibration_dtype(platform.detect())
+    kept = kept_weights(q, source_model, tensor_parallel, dtype)
     if (kept / KEPT_RECORD).is_file():
         _link_tree(kept, dest)
         # the figures are the earlier job's; the scheme is this recipe's (its budget may differ)
@@ -184,12 +205,12 @@ def quantize_model(q: Quantization, source_model: Model, dest: Path, tensor_para
         log.info("reusing %s weights quantized earlier for %s (%s)", q.method, source_model.id, kept)
         progress(1.0)
         return record
-    record = _quantize(q, source_model, dest, tensor_parallel, log, progress)
+    record = _quantize(q, source_model, dest, tensor_parallel, dtype, log, progress)
     _keep(dest, kept, record)
     return record
 
 
-def _quantize(q: Quantization, source_model: Model, dest: Path, tensor_parallel: int,
+def _quantize(q: Quantization, source_model: Model, dest: Path, tensor_parallel: int, dtype: str,
               log: logging.Logger, progress: Callable[[float], None]) -> QuantizationRecord:
     source = Path(source_model.path)
     config = json.loads((source / "config.json").read_text())
@@ -203,7 +224,7 @@ def _quantize(q: Quantization, source_model: Model, dest: Path, tensor_parallel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
     kwargs: dict[str, Any] = {}
     described = None
     if schemes.needs_calibration(q):
@@ -221,6 +242,8 @@ def _quantize(q: Quantization, source_model: Model, dest: Path, tensor_parallel:
                         samples=kwargs.get("num_calibration_samples", 0)):
         oneshot(model=model, recipe=schemes.modifiers(q, fitted), tokenizer=tokenizer, **kwargs)
     progress(0.9)
+    if dtype != "bfloat16":
+        _unquantized_to_bf16(model)
     _copy_non_weight_files(source, dest)
     model.save_pretrained(dest, save_compressed=True)
     if "lm_head.weight_scale" in roofline.tensors(dest):  # as written, whatever `ignore` spelled
@@ -231,13 +254,26 @@ def _quantize(q: Quantization, source_model: Model, dest: Path, tensor_parallel:
     record = QuantizationRecord(
         scheme=q, calibration=described, group_size=fitted.group_size, block_size=fitted.block_size, fit_note=fitted.note,
         seconds=round(time.monotonic() - started, 1), peak_rss_bytes=procs.peak_rss_bytes(),
-        estimated_peak_bytes=estimate_peak_bytes(q, config, source_model.size_bytes), size_bytes=_weight_bytes(dest),
-        source_size_bytes=_weight_bytes(source),
+        estimated_peak_bytes=estimate_peak_bytes(q, config, source_model.size_bytes, dtype), size_bytes=_weight_bytes(dest),
+        source_size_bytes=_weight_bytes(source), dtype=dtype,
     )
     log.info("quantized %s (%s) in %.0f s; weights %.0f MB -> %.0f MB; peak memory %.2f GiB", source_model.id,
              q.method, record.seconds, record.source_size_bytes / 1e6, record.size_bytes / 1e6, record.peak_rss_bytes / 2**30)
     progress(1.0)
     return record
+
+
+def _unquantized_to_bf16(model: Any) -> None:
+    """Quantized in float32, the layers left unquantized (embeddings, norms, an ignored lm_head) are
+    stored in bf16, as quantizing in bf16 stores them, not in twice the bytes: the checkpoint then
+    takes no more room, nor streams more bytes where it is served in bf16. The quantized layers
+    keep float32 until saving rounds them to int8 (their scales stay float32)."""
+    import torch
+
+    for module in model.modules():
+        if getattr(module, "quantization_scheme", None) is None:
+            for param in module.parameters(recurse=False):
+                param.data = param.data.to(torch.bfloat16)
 
 
 def _name_lm_head(config_file: Path) -> None:
