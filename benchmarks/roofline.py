@@ -101,7 +101,8 @@ def main() -> None:
             raise SystemExit(f"{kind}: job {job.name} ended {job.status}: {job.record.failure_reason}")
         built[kind] = Path(job.artifact)
     # read from the headers once, in the dtype each is served in here (float32 on x86 without AVX-512)
-    streamed = {kind: traffic(folder, vllm.dtype(artifact.load(folder).engine.settings, hardware)) for kind, folder in built.items()}
+    manifests = {kind: artifact.load(folder) for kind, folder in built.items()}
+    streamed = {kind: traffic(folder, vllm.dtype(manifests[kind].engine.settings, hardware)) for kind, folder in built.items()}
     measured: list[Rates] = []
     speeds: dict[str, list[dict[str, tuple[float, Speculation | None]]]] = {kind: [] for kind in built}
     for round_ in range(1, args.rounds + 1):
@@ -115,7 +116,7 @@ def main() -> None:
     rates = _median_rates(measured)
     for kind, folder in built.items():
         found = streamed[kind]
-        metrics = artifact.load(folder).metrics
+        metrics = manifests[kind].metrics
         row = {"kind": kind, "artifact": folder.name, "mb_per_token": round(found.weights_bytes / 1e6, 1),
                "perplexity": round(metrics.perplexity.perplexity, 3), "perplexity_increase": metrics.perplexity_increase, "cases": {}}
         for case, (prompt, concurrency, _) in CASES.items():

@@ -221,8 +221,9 @@ def _configured_artifact(model: str, config: str) -> Path:
     """The artifact of a model's deployment configuration, built by an ordinary job or reused by key."""
     source = sources.resolve(model)
     listed = configs(source.id)
-    chosen = deployment_configs.get(source.id, config, platform.detect())
-    verdict, *listed_verdicts = config_verdicts([chosen, *listed])
+    chosen = deployment_configs.named(listed, source.id, config)
+    listed_verdicts = config_verdicts(listed)
+    verdict = next(v for c, v in zip(listed, listed_verdicts) if c is chosen)
     if verdict.refusals:
         runs_here = list(dict.fromkeys(c.name for c, v in zip(listed, listed_verdicts) if not v.refusals))
         raise LlmoptError(f"configuration '{config}' cannot run on this machine: {verdict.refusals[0]}",

@@ -86,7 +86,12 @@ def for_model(model: str, here: Hardware | None = None) -> list[DeploymentConfig
 
 def get(model: str, name: str, here: Hardware | None = None) -> DeploymentConfig:
     """The named configuration, as measured on this kind of machine when it was."""
-    listed = for_model(model, here)
+    return named(for_model(model, here), model, name)
+
+
+def named(listed: list[DeploymentConfig], model: str, name: str) -> DeploymentConfig:
+    """The first configuration of that name in a model's listing (`for_model`), or the error that
+    names those there are."""
     found = [c for c in listed if c.name == name]
     if not found:
         known = sorted({c.name for c in listed})
