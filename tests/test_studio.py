@@ -7,6 +7,7 @@ refusals, and for the arguments they hand the SDK (the SDK call replaced)."""
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import os
 import re
@@ -318,6 +319,27 @@ def test_a_configuration_that_cannot_run_here_says_why_and_offers_no_deploy(
     assert "Cannot run on this machine: quantization.awq: no kernel here" in page
     assert page.count("Runs slowly on this machine: quantization.smoothquant: slow here") == 2
 
+
+
+def test_a_name_measured_on_several_machines_is_one_card_with_one_deploy(
+        client: TestClient, tiny: llmopt.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmopt.recommendation import configs as deployment_configs
+
+    here = platform.detect()
+    shipped = [c for c in deployment_configs.for_model(sdk.DEFAULT_MODEL) if c.name == "bf16"]
+    machines = {c.hardware.cpu_label for c in shipped}
+    assert len(shipped) >= 2 and len(machines) >= 2, "the shipped bf16 is measured on several kinds of machine"
+    mine = shipped[0].model_copy(update={"model": "tiny", "source": "measured", "hardware": here})
+    listed = [mine] + [c.model_copy(update={"model": "tiny"}) for c in shipped]
+    monkeypatch.setattr(sdk, "configs", lambda model: listed)
+    assert len(client.get("/api/models/tiny/configs").json()) == len(listed), "the API keeps every row set"
+    page = client.get("/models/tiny").text
+    assert len(re.findall(r'<button[^>]*/configs/bf16/deploy"', page)) == 1
+    assert page.count('<details class="elsewhere">') == len(shipped)
+    card = page[page.index('<details class="elsewhere">'):]
+    for config in shipped:
+        assert html.escape(config.hardware.cpu_label) in card
+    assert page.count("<table>") == len(listed), "each machine's rows in a table of their own"
 
 # -- recipes and the builder --------------------------------------------------------------------
 

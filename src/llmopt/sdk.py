@@ -274,12 +274,13 @@ def config_verdicts(found: list[deployment_configs.DeploymentConfig]) -> list[co
 
 
 def config_listing(found: list[deployment_configs.DeploymentConfig]) -> list[dict[str, Any]]:
-    """Each configuration as JSON with what holds for it here: `warning` when it was measured on
+    """Each configuration as JSON with the `machine` it was measured on (processor and signature)
+    and what holds for it here: `warning` when it was measured on
     another kind of machine, the matrix's `refusals` (deploying it is refused) and what it marks
     `slow`. What `configs list --json` prints and the studio shows."""
     here = platform.detect()
-    return [{**c.model_dump(mode="json"), "warning": next(iter(config_warnings([c], here)), None), "refusals": verdict.refusals,
-             "slow": verdict.warnings} for c, verdict in zip(found, config_verdicts(found))]
+    return [{**c.model_dump(mode="json"), "machine": c.hardware.cpu_label, "warning": next(iter(config_warnings([c], here)), None),
+             "refusals": verdict.refusals, "slow": verdict.warnings} for c, verdict in zip(found, config_verdicts(found))]
 
 
 def _architecture(model: str) -> str:

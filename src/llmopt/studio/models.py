@@ -43,6 +43,20 @@ def configurations(model_id: str) -> list[dict[str, Any]]:
     return sdk.config_listing(sdk.configs(lookup(sdk.get_model, model_id).id))
 
 
+def cards(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One card per configuration name: the one `deploy --config` takes (the first listed, so this
+    machine's when measured here), with the same name's rows from other machines, or from the other
+    source, under it as `elsewhere`. Otherwise a name measured on three kinds of machine would show
+    three Deploy buttons that all deploy the first."""
+    named: dict[str, dict[str, Any]] = {}
+    for config in listed:
+        if config["name"] in named:
+            named[config["name"]]["elsewhere"].append(config)
+        else:
+            named[config["name"]] = {**config, "elsewhere": []}
+    return list(named.values())
+
+
 @api.get("/models", summary="Imported models")
 def list_models() -> list[dict[str, Any]]:
     return [m.to_dict() for m in sdk.list_models()]
@@ -102,4 +116,4 @@ def model_page(request: Request, model_id: str) -> HTMLResponse:
     if model is None and model_id not in listed:
         lookup(sdk.get_model, model_id)
     return page(request, "model.html", model=model, entry=listed.get(model_id), model_id=model_id,
-                configs=configurations(model_id) if model else [])
+                configs=cards(configurations(model_id)) if model else [])
