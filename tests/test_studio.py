@@ -320,7 +320,6 @@ def test_a_configuration_that_cannot_run_here_says_why_and_offers_no_deploy(
     assert page.count("Runs slowly on this machine: quantization.smoothquant: slow here") == 2
 
 
-
 def test_a_name_measured_on_several_machines_is_one_card_with_one_deploy(
         client: TestClient, tiny: llmopt.Model, monkeypatch: pytest.MonkeyPatch) -> None:
     from llmopt.recommendation import configs as deployment_configs
@@ -336,10 +335,12 @@ def test_a_name_measured_on_several_machines_is_one_card_with_one_deploy(
     page = client.get("/models/tiny").text
     assert len(re.findall(r'<button[^>]*/configs/bf16/deploy"', page)) == 1
     assert page.count('<details class="elsewhere">') == len(shipped)
-    card = page[page.index('<details class="elsewhere">'):]
+    head, folded = page.split('<details class="elsewhere">', 1)
+    assert f"on {html.escape(here.cpu_label)} (" in head, "the card names the machine its own rows were measured on"
     for config in shipped:
-        assert html.escape(config.hardware.cpu_label) in card
+        assert html.escape(config.hardware.cpu_label) in folded
     assert page.count("<table>") == len(listed), "each machine's rows in a table of their own"
+
 
 # -- recipes and the builder --------------------------------------------------------------------
 
