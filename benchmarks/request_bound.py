@@ -13,16 +13,17 @@ Inputs: the machine's rates (`roofline.machine_rates`: kept per machine, measure
 each candidate's artifact (its safetensors headers), the workload's prompts as the model's chat
 template renders them, and a `recommend` run's rows and output lengths
 (`results/recommend-<model>-<machine>/recommendation.json`, this kind of machine's run, where its
-shipped configurations came from; the artifacts must be on this machine). Prints a table and writes results/request_bound.json.
+shipped configurations came from; the artifacts must be on this machine). Prints a table and
+writes results/request_bound.json (or --out).
 
-    .venv/bin/python benchmarks/request_bound.py [MODEL]
+    .venv/bin/python benchmarks/request_bound.py [MODEL] [--out NAME.json]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def bound(folder: Path, rates: roofline.Rates, prompts: list[list[int]], outputs
     }
 
 
-def main(model: str) -> None:
+def main(model: str, out: Path) -> None:
     hw = platform.detect()
     rec = json.loads((RESULTS / f"recommend-{model}-{hw.slug}" / "recommendation.json").read_text())
     rates = roofline.machine_rates(hw)
@@ -144,11 +145,14 @@ def main(model: str) -> None:
               f" {r['bound_per_user_c1_vs_bf16_measured']:>9.2f}x {r['prefill_alone_vs_bf16_measured']:>17.2f}x"
               f" {r['total_c8']:>9.1f} /{r['measured_total_c8']:>5.1f} ({r['measured_total_c8'] / r['total_c8']:>3.0%})"
               f" {r['bound_total_c8_vs_bf16_measured']:>9.2f}x")
-    out = RESULTS / "request_bound.json"
     out.write_text(json.dumps({"model": model, "processor": hw.cpu_label, "cores": hw.cores, "rates": asdict(rates),
                                "recommendation": rec["id"], "prompts": len(prompts), "candidates": found}, indent=2) + "\n")
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", default="smollm2-135m-instruct")
+    parser.add_argument("--out", default="request_bound.json", help="the results file's name in results/")
+    args = parser.parse_args()
+    main(args.model, RESULTS / args.out)
