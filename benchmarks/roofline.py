@@ -8,7 +8,7 @@ allows it), built by a real job with the built-in recipe (or reused by key):
 - the memory bound: this machine's read bandwidth, measured here first (no engine running; over
   1 GiB, `llmopt.roofline.measure_rates`), over those bytes. The bandwidth is the best of a
   20-second window, in which this VM kind moves between two levels; the fraction is also given
-  against the window's median (`typical`), the level most of its seconds have;
+  against the window's median (`typical`);
 - at batch 16, the compute bound too, from this machine's measured bf16 (and int8) matmul rate;
 - with speculation, the bound of a step's bytes over the tokens it kept (the tokens decoded over
   the decode steps, counted from vLLM's counters on the same requests: every step, also those that

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -243,10 +244,16 @@ def test_a_speculating_levels_bound_counts_the_tokens_a_step_keeps() -> None:
 def test_the_machines_rates_are_measured_once_and_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("LLMOPT_HOME", str(tmp_path))
     calls = []
-    monkeypatch.setattr(roofline, "measure_rates", lambda cores: calls.append(cores) or roofline.Rates(30.0, 700.0, 1500.0, 33.0))
+    found = roofline.Rates(30.0, 700.0, 1500.0, 33.0, read_median_gb_s=25.0)
+    monkeypatch.setattr(roofline, "measure_rates", lambda cores: calls.append(cores) or found)
     cpu = platform.Hardware(device="cpu", cpu_model="AMD EPYC", cores=2, memory_gib=24, cpu_flags=(), gpu=None)
-    assert roofline.machine_rates(cpu) == roofline.machine_rates(cpu) == roofline.Rates(30.0, 700.0, 1500.0, 33.0)
+    assert roofline.machine_rates(cpu) == roofline.machine_rates(cpu) == found
     assert calls == [2]
+    # a file kept before the bandwidth was read over a window (no median) is measured again, and replaced
+    kept = tmp_path / "engine-facts" / f"rates-{cpu.slug}.json"
+    kept.write_text(json.dumps({"read_gb_s": 61.5, "bf16_gflop_s": 420.0}))
+    assert roofline.machine_rates(cpu) == found and calls == [2, 2]
+    assert json.loads(kept.read_text())["read_median_gb_s"] == 25.0
     assert roofline.machine_rates(cpu.model_copy(update={"device": "cuda", "gpu": "L4"})) is None  # the GPU's memory binds there
 
 

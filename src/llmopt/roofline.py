@@ -12,6 +12,7 @@ the llmopt home (`machine_rates`): half a minute with torch, before any engine r
 from __future__ import annotations
 
 import json
+import statistics
 import struct
 import subprocess
 import sys
@@ -50,7 +51,9 @@ class Rates:
     read_median_gb_s: float | None = None
 
 
-def _best_seconds(run: Callable[[], object], repeats: int = 7) -> float:
+def best_seconds(run: Callable[[], object], repeats: int = 7) -> float:
+    """The fastest of `repeats` timed runs after an untimed one: a rate's bound is the best the
+    machine does, and the first run pays for first touches."""
     run()
     best = float("inf")
     for _ in range(repeats):
@@ -74,13 +77,13 @@ def measure_rates(cores: int, window_s: float = 20.0) -> Rates:
 
 
 def _sampled_seconds(run: Callable[[], object], window_s: float) -> list[float]:
-    """The best of three runs, every quarter of a second for `window_s`: a shared VM's bandwidth
+    """The best of three runs, then a quarter of a second's rest, for `window_s`: a shared VM's bandwidth
     moves between two levels every few seconds (31 and 48-62 GB/s on a 2-core EPYC, one process
     reading 1 GiB twice a second for a minute), so a best of 30 back-to-back reads (about a second)
     caught whichever level that second had, and two rounds of the roofline read 35 and 62 GB/s."""
     samples, ends = [], time.perf_counter() + window_s
     while not samples or time.perf_counter() < ends:
-        samples.append(_best_seconds(run, 3))
+        samples.append(best_seconds(run, 3))
         time.sleep(0.25)
     return samples
 
@@ -93,11 +96,11 @@ def _print_rates(cores: int, window_s: float) -> None:
     y = torch.empty_like(x)
     size = x.numel() * 4
     # a bound is the best the machine does, over a window long enough to see its fast level
-    reads = sorted(size / seconds / 1e9 for seconds in _sampled_seconds(lambda: x.sum(), window_s))
-    copy = 2 * size / _best_seconds(lambda: y.copy_(x), 30) / 1e9
+    reads = [size / seconds / 1e9 for seconds in _sampled_seconds(lambda: x.sum(), window_s)]
+    copy = 2 * size / best_seconds(lambda: y.copy_(x), 30) / 1e9
     def matmul_gflop_s(dtype: torch.dtype, n: int) -> float:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        return 2 * n**3 / _best_seconds(lambda: a @ b) / 1e9
+        return 2 * n**3 / best_seconds(lambda: a @ b) / 1e9
 
     n = 2048
     hw = platform.detect()
@@ -112,24 +115,27 @@ def _print_rates(cores: int, window_s: float) -> None:
     if hw.has_vnni:
         try:
             ai, bi = torch.randint(-8, 8, (n, n), dtype=torch.int8), torch.randint(-8, 8, (n, n), dtype=torch.int8)
-            int8 = round(2 * n**3 / _best_seconds(lambda: torch._int_mm(ai, bi)) / 1e9, 1)
+            int8 = round(2 * n**3 / best_seconds(lambda: torch._int_mm(ai, bi)) / 1e9, 1)
         except RuntimeError:
             pass
-    print(json.dumps(asdict(Rates(read_gb_s=round(reads[-1], 2), bf16_gflop_s=round(bf16, 1), int8_gflop_s=int8,
+    print(json.dumps(asdict(Rates(read_gb_s=round(max(reads), 2), bf16_gflop_s=round(bf16, 1), int8_gflop_s=int8,
                                   copy_gb_s=round(copy, 2), fp32_gflop_s=round(fp32, 1),
-                                  read_median_gb_s=round(reads[len(reads) // 2], 2)))))
+                                  read_median_gb_s=round(statistics.median(reads), 2)))))
 
 
 def machine_rates(hw: platform.Hardware | None = None) -> Rates | None:
     """This machine's rates, measured the first time and kept under its processor and core count
-    (delete the file in `engine-facts/` to measure again, on an idle machine); None on a GPU
+    (delete the file in `engine-facts/` to measure again, on an idle machine; a file kept before the
+    bandwidth was read over a window is measured again); None on a GPU
     machine, whose bound is the GPU's memory, which this does not measure."""
     hw = hw or platform.detect()
     if hw.device != "cpu":
         return None
     kept = paths.engine_fact(f"rates-{hw.slug}.json")
     try:
-        return Rates(**json.loads(kept.read_text()))
+        found = Rates(**json.loads(kept.read_text()))
+        if found.read_median_gb_s is not None:  # else kept before the window, from a second's best reads
+            return found
     except (OSError, ValueError, TypeError):
         pass
     try:
