@@ -81,7 +81,7 @@ def main(model: str, pairs: int, out: Path) -> None:
         step_ms = (generate_s(STEPS + 1) - generate_s(1)) / STEPS * 1e3
         found.append({"before_gb_s": round(before, 1), "step_ms": round(step_ms, 3), "after_gb_s": round(read_gb_s(), 1)})
     split = split_between_levels([r for pair in found for r in (pair["before_gb_s"], pair["after_gb_s"])])
-    tests = {"slow": lambda r: r < split, "fast": lambda r: r >= split} if split else {"one": lambda r: True}
+    tests = {"slow": lambda r: r < split, "fast": lambda r: r >= split} if split is not None else {"one": lambda r: True}
     levels: dict[str, dict[str, float]] = {}
     for name, test in tests.items():
         kept = [p for p in found if test(p["before_gb_s"]) and test(p["after_gb_s"])]
@@ -96,13 +96,13 @@ def main(model: str, pairs: int, out: Path) -> None:
     mixed = pairs - sum(level["pairs"] for level in levels.values())
     hw = platform.detect()
     print(f"{model} on {hw.cpu_label}, {hw.cores} cores: {weights / 1e6:.1f} MB a step; {pairs} pairs of {STEPS} "
-          f"batch-1 steps, " + (f"split at {split:.1f} GB/s ({mixed} pairs changed level and are left out)" if split else "one level"))
+          f"batch-1 steps, " + (f"split at {split:.1f} GB/s ({mixed} pairs changed level and are left out)" if split is not None else "one level"))
     print(f"{'level':<6} {'pairs':>5} {'GB/s':>6} {'step ms':>8} {'tok/s':>7} {'bound ms':>9} {'of bound':>9}")
     for name, level in levels.items():
         print(f"{name:<6} {level['pairs']:>5} {level['read_gb_s']:>6.1f} {level['step_ms']:>8.2f} {level['tokens_per_s']:>7.1f} "
               f"{level['bound_step_ms']:>9.2f} {level['fraction']:>9.1%}")
     out.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "model": model, "weights_read_per_token_bytes": weights,
-                               "steps_a_pair": STEPS, "split_gb_s": round(split, 1) if split else None, "levels": levels, "pairs": found}, indent=2) + "\n")
+                               "steps_a_pair": STEPS, "split_gb_s": round(split, 1) if split is not None else None, "levels": levels, "pairs": found}, indent=2) + "\n")
     print(f"wrote {out}")
 
 
