@@ -1,16 +1,17 @@
 """vLLM's two CPU linear kernels side by side, on SmolLM2-135M's layer shapes: oneDNN (what vLLM
 gives every layer without AMX) against its packed-weight kernels (`weight_packed_linear` for bf16,
 `int8_scaled_mm_with_quant` for int8; what llmopt gives them there, `EngineConfig.linear_kernels`),
-and for bf16 llmopt's small-batch kernel over the same packed weights (`small_batch_linear`, built
-if it is not yet), which stands in for vLLM's up to 64 rows. `--out NAME` writes results/NAME instead.
+and llmopt's small-batch kernels over the same packed weights (`small_batch_linear` for bf16,
+`small_batch_int8_linear` for int8; built if they are not yet), which stand in for vLLM's up to 64
+rows and at 5 to 32. `--out NAME` writes results/NAME instead.
 On x86 without AVX-512 (float32 served, no packed kernels), it compares what runs there instead
 (`avx2` below) and writes results/linear_kernels_avx2.json.
 
 Weights are cold, as in a decode step that streams the whole model: each shape gets enough
 distinct weight copies to fill 300 MB (ten times this machine's last-level cache) and the copies
-are taken in turn. Prints the time per call and the weight bytes streamed per second, at 1, 8, 16,
-40 and 256 rows (decode at batch 1, 8 and 16, n-gram verifying 4 drafted tokens at batch 8, a
-prefill chunk), with the largest difference from an fp32 reference relative to its largest
+are taken in turn. Prints the time per call and the weight bytes streamed per second, at 1, 4, 8,
+16, 40 and 256 rows (decode at batch 1, 8 and 16, n-gram verifying 3 drafted tokens at batch 1 and
+4 at batch 8, a prefill chunk), with the largest difference from an fp32 reference relative to its largest
 value. Runs itself again in the environment llmopt gives the engine here (tcmalloc and Intel
 OpenMP preloaded, its OpenMP threads). Writes
 benchmarks/results/linear_kernels.json.
@@ -34,12 +35,12 @@ from pathlib import Path
 
 import torch
 
-from llmopt.engine import kernels, platform, small_batch_linear, vllm
+from llmopt.engine import kernels, platform, small_batch_int8_linear, small_batch_linear, vllm
 from llmopt.engine.config import EngineConfig
 
 SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576), "down_proj": (576, 1536),
           "lm_head": (49152, 576)}  # (N, K) of SmolLM2-135M
-ROWS = (1, 8, 16, 40, 256)
+ROWS = (1, 4, 8, 16, 40, 256)
 COLD_BYTES = 300e6
 ROUNDS = 3
 
@@ -149,9 +150,15 @@ def int8(m: int, n: int, k: int) -> dict[str, float]:
     def packed_mm(i: int) -> torch.Tensor:
         return torch.ops._C.int8_scaled_mm_with_quant(x, packed[i], scales[i], None, x.dtype, True)
 
+    def small_batch_int8(i: int) -> torch.Tensor:
+        return torch.ops.llmopt.small_batch_int8_linear(x, packed[i], scales[i], None)
+
     ref = x.float() @ (weights[0].float() * scales[0]).t()
-    return {"onednn_s": _time(onednn, copies), "packed_s": _time(packed_mm, copies), "onednn_error": _error(onednn(0), ref),
-            "packed_error": _error(packed_mm(0), ref), "weight_bytes": n * k}
+    found = {"onednn_s": _time(onednn, copies), "packed_s": _time(packed_mm, copies), "onednn_error": _error(onednn(0), ref),
+             "packed_error": _error(packed_mm(0), ref), "weight_bytes": n * k}
+    if small_batch_int8_linear.MIN_ROWS <= m <= small_batch_int8_linear.MAX_ROWS:
+        found |= {"llmopt_s": _time(small_batch_int8, copies), "llmopt_error": _error(small_batch_int8(0), ref)}
+    return found
 
 
 def avx2(m: int, n: int, k: int) -> dict[str, float]:
@@ -221,7 +228,7 @@ def main() -> None:
         return
     if not platform.packed_linear_supported(hw):
         raise SystemExit(f"{hw.cpu_model} lacks AVX-512 BF16 or VNNI: vLLM's packed kernels do not run here")
-    small_batch_linear.use(kernels.build())
+    small_batch_linear.use(kernels.build())  # loads the library: both small-batch ops
     if "--zentorch" in sys.argv[1:]:
         (Path(__file__).parent / "results" / "linear_kernels_zentorch.json").write_text(json.dumps(
             {"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,
@@ -242,12 +249,13 @@ def main() -> None:
                 ours = f"{row['llmopt_s'] * 1e6:>10.1f} {row['llmopt_over_packed']:>11.2f}x" if "llmopt_s" in row else ""
                 print(f"{dtype:<6} {m:>4} {layer:<13} {row['onednn_s'] * 1e6:>10.1f} {gbs[0]:>6.1f} "
                       f"{row['packed_s'] * 1e6:>10.1f} {gbs[1]:>6.1f} {row['speedup']:>8.2f}x {ours}", flush=True)
-    for m in ROWS:  # a decode step's bf16 linear layers: 30 of each layer, one lm_head
-        step = {kind: sum(r[f"{kind}_s"] * (1 if r["layer"] == "lm_head" else 30) for r in rows
-                          if r["dtype"] == "bf16" and r["rows"] == m and f"{kind}_s" in r) for kind in ("onednn", "packed", "llmopt")}
-        rows.append({"dtype": "bf16", "rows": m, "layer": "a decode step", **{f"{k}_s": v for k, v in step.items() if v}})
-        print(f"bf16   {m:>4} a decode step: oneDNN {step['onednn'] * 1e3:.2f} ms, packed {step['packed'] * 1e3:.2f} ms"
-              + (f", llmopt {step['llmopt'] * 1e3:.2f} ms ({step['packed'] / step['llmopt']:.2f}x packed)" if step["llmopt"] else ""))
+    for dtype in ("bf16", "int8"):  # a decode step's linear layers: 30 of each layer, one lm_head
+        for m in ROWS:
+            step = {kind: sum(r[f"{kind}_s"] * (1 if r["layer"] == "lm_head" else 30) for r in rows
+                              if r["dtype"] == dtype and r["rows"] == m and f"{kind}_s" in r) for kind in ("onednn", "packed", "llmopt")}
+            rows.append({"dtype": dtype, "rows": m, "layer": "a decode step", **{f"{k}_s": v for k, v in step.items() if v}})
+            print(f"{dtype:<6} {m:>4} a decode step: oneDNN {step['onednn'] * 1e3:.2f} ms, packed {step['packed'] * 1e3:.2f} ms"
+                  + (f", llmopt {step['llmopt'] * 1e3:.2f} ms ({step['packed'] / step['llmopt']:.2f}x packed)" if step["llmopt"] else ""))
     out = Path(__file__).parent / "results" / (sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "linear_kernels.json")
     out.write_text(json.dumps({"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(),
                                "cold_bytes": COLD_BYTES, "rows": rows}, indent=2))

@@ -1,6 +1,6 @@
-"""llmopt's kernels against the vLLM kernels they stand in for: the small-batch linear kernel gives
-vLLM's packed kernel's bits for every row count, bias or none, strided inputs, traced by
-torch.compile; the prefill attention kernel agrees with vLLM's CPU attention within bf16's rounding
+"""llmopt's kernels against the vLLM kernels they stand in for: the small-batch linear kernels, bf16
+and int8, give vLLM's packed kernels' bits for every row count, bias or none, strided inputs,
+traced by torch.compile; the prefill attention kernel agrees with vLLM's CPU attention within bf16's rounding
 and is as close to exact attention; the lean attention calls (`attention_calls`) give vLLM's
 backend methods' bits; and the library's build failures are said in one line. The engine tests
 serve every model through them where they are the engine's choice (test_endpoints checks that the
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from llmopt.engine import kernels, platform, prefill_attention, small_batch_linear
+from llmopt.engine import kernels, platform, prefill_attention, small_batch_int8_linear, small_batch_linear
 from llmopt.errors import LlmoptError
 
 HW = platform.detect()
@@ -40,6 +40,35 @@ def test_the_kernel_gives_vllms_bits_at_every_batch() -> None:
     done = subprocess.run([sys.executable, "-c", SAME_BITS], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     checked = len(small_batch_linear.CHECKED_SHAPES) * 2 * len(small_batch_linear.CHECKED_ROWS)
+    assert done.stdout.split()[-1] == str(checked)
+
+
+SAME_INT8_BITS = """
+import torch, vllm._C
+from vllm.model_executor.kernels.linear.scaled_mm import cpu
+from llmopt.engine import kernels, small_batch_int8_linear
+vllms = cpu.CPUInt8ScaledMMLinearKernel._apply_weights_sgl
+checked = small_batch_int8_linear.compare(kernels.build())
+small_batch_int8_linear.use(kernels.build())
+assert cpu.CPUInt8ScaledMMLinearKernel._apply_weights_sgl is not vllms
+n, k = 576, 1536
+packed = torch.ops._C.convert_weight_packed(torch.randint(-127, 128, (n, k), dtype=torch.int8))
+scales = torch.rand(n) / 100
+ours = torch.compile(lambda x: torch.ops.llmopt.small_batch_int8_linear(x, packed, scales, None), dynamic=True)
+for m in (3, 6, 12):
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    assert torch.equal(ours(x), torch.ops._C.int8_scaled_mm_with_quant(x, packed, scales, None, x.dtype, True))
+print(checked)
+"""
+
+
+@runs_here
+def test_the_int8_kernel_gives_vllms_bits_at_every_batch() -> None:
+    """What a SmoothQuant layer computes is unchanged: vLLM's bits up to 32 rows and past them (where
+    vLLM's kernel takes over), traced by torch.compile as the engine's graph calls it."""
+    done = subprocess.run([sys.executable, "-c", SAME_INT8_BITS], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checked = len(small_batch_int8_linear.CHECKED_SHAPES) * 2 * len(small_batch_int8_linear.CHECKED_ROWS)
     assert done.stdout.split()[-1] == str(checked)
 
 

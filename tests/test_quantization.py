@@ -142,6 +142,10 @@ def test_scheme_end_to_end(quantized, baseline: llmopt.Job, smol: sources.Model)
         right = [q for q, expected in FACTS.items() if re.search(expected, answers[q], re.IGNORECASE)]
         assert len(right) >= 2 and all(len(a.split()) >= 3 for a in answers.values()), answers
         assert endpoint.engine == manifest.engine.settings
+        if kernel == "CPUInt8ScaledMMLinearKernel" and vllm.linear_kernels(EngineConfig(), platform.detect()) == "llmopt":
+            # its int8 layers through llmopt's small-batch int8 kernel, in the engine core (engine/serve.py)
+            said = [line for line in Path(endpoint.log_path).read_text().splitlines() if "small-batch int8 linear kernel" in line]
+            assert len(said) == 1 and said[0].startswith("(EngineCore"), said
 
 
 @pytest.mark.engine

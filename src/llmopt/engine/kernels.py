@@ -1,12 +1,13 @@
-"""llmopt's CPU kernels, one library built from their C++ sources: the small-batch linear kernel
-(`small_batch_linear.cpp`) and the prefill attention kernel (`prefill_attention.cpp`). Each stands
-in for a vLLM kernel on AVX-512 BF16 processors without AMX and hands what it does not do to it.
+"""llmopt's CPU kernels, one library built from their C++ sources: the small-batch linear kernels,
+bf16 (`small_batch_linear.cpp`) and W8A8 (`small_batch_int8_linear.cpp`), and the prefill attention
+kernel (`prefill_attention.cpp`). Each stands in for a vLLM kernel on AVX-512 BF16 processors
+without AMX and hands what it does not do to it.
 
 The build is direct: one g++ command over torch's headers and libraries, found without importing
 torch, into the environment's `lib/llmopt-kernels/`, named by the sources' hash and torch's and
 vLLM's versions, so a changed source, torch or vLLM builds anew and a deploy can tell cheaply
 whether it exists. A build is kept only once it has loaded beside vLLM and each kernel has agreed
-with vLLM's (`small_batch_linear.compare`: the same bits; `prefill_attention.compare`: no further
+with vLLM's (`small_batch_linear.compare` and `small_batch_int8_linear.compare`: the same bits; `prefill_attention.compare`: no further
 from attention in float64 than vLLM's, and vLLM's bits for what it hands over). `scripts/install.sh` builds it; a deploy that asks for a kernel builds it first.
 """
 
@@ -25,20 +26,25 @@ from pathlib import Path
 
 from llmopt.errors import LlmoptError
 
-SOURCES = (Path(__file__).with_name("small_batch_linear.cpp"), Path(__file__).with_name("prefill_attention.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("small_batch_linear.cpp", "small_batch_int8_linear.cpp",
+                                                            "prefill_attention.cpp"))
 LIBRARY_ENV = "LLMOPT_KERNELS"  # the built library's path: the engine core loads it
 PREFIX = "llmopt-kernels-"
-LINEAR_MAX_ROWS = 64  # the most rows the linear kernel runs itself; more go to vLLM's
+LINEAR_MAX_ROWS = 64  # the most rows the bf16 linear kernel runs itself; more go to vLLM's
+INT8_MIN_ROWS, INT8_MAX_ROWS = 5, 32  # the int8 one's: vLLM's reads each weight once up to 4 rows; past 32 no faster
 ATTENTION_MIN_QUERIES = 16  # a step is the attention kernel's when one of its sequences has this many queries
-FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16",
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+         "-mavx512bf16", "-mavx512vnni",
          "-D_GLIBCXX_USE_CXX11_ABI=1",  # torch's wheels since 2.7; a mismatch fails the build's self-check
-         f"-DLLMOPT_MAX_ROWS={LINEAR_MAX_ROWS}", f"-DLLMOPT_MIN_QUERIES={ATTENTION_MIN_QUERIES}")
+         f"-DLLMOPT_MAX_ROWS={LINEAR_MAX_ROWS}", f"-DLLMOPT_INT8_MIN_ROWS={INT8_MIN_ROWS}", f"-DLLMOPT_INT8_MAX_ROWS={INT8_MAX_ROWS}",
+         f"-DLLMOPT_MIN_QUERIES={ATTENTION_MIN_QUERIES}")
 FALLBACK = "set linear_kernels: packed and attention_kernel: vllm"
 SELF_CHECK = """
 import sys, torch, vllm._C
 from vllm import _custom_ops as ops
-from llmopt.engine import prefill_attention, small_batch_linear
+from llmopt.engine import prefill_attention, small_batch_int8_linear, small_batch_linear
 print(small_batch_linear.compare(sys.argv[1], ops.weight_packed_linear_cpu),
+      small_batch_int8_linear.compare(sys.argv[1]),
       prefill_attention.compare(sys.argv[1], ops.cpu_attention_with_kv_cache))
 """
 
@@ -121,8 +127,8 @@ def build() -> Path:
 
 
 def load(path: str | Path) -> None:
-    """The library's ops in this process (once), with the shape function torch.compile traces the
-    linear kernel by (it runs inside vLLM's compiled graph; attention runs outside it)."""
+    """The library's ops in this process (once), with the shape functions torch.compile traces the
+    linear kernels by (they run inside vLLM's compiled graph; attention runs outside it)."""
     import torch
 
     if hasattr(torch.ops.llmopt, "small_batch_linear"):
@@ -132,3 +138,8 @@ def load(path: str | Path) -> None:
     @torch.library.register_fake("llmopt::small_batch_linear")
     def _traced(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
         return x.new_empty((x.shape[0], n))
+
+    @torch.library.register_fake("llmopt::small_batch_int8_linear")
+    def _traced_int8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((x.shape[0], packed.shape[0]))

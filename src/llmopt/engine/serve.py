@@ -18,8 +18,9 @@ vLLM gives a linear layer its packed-weight kernels (`weight_packed_linear` for 
 rest get oneDNN. The packed kernels also run on AVX-512 BF16/VNNI without AMX, and there they
 decode faster: oneDNN's matrix-vector products stream cold weights at 10-25 GB/s, theirs at 21-33
 (`platform.default_linear_kernels`). With `LLMOPT_PACKED_LINEAR` set, every bf16 or int8 layer of a
-shape they take gets them; with `LLMOPT_SMALL_BATCH_LINEAR` too, bf16 ones call llmopt's small-batch
-kernel (`small_batch_linear`), which runs up to 64 rows itself and hands larger batches to vLLM's.
+shape they take gets them; with `LLMOPT_SMALL_BATCH_LINEAR` too, they call llmopt's small-batch
+kernels (`small_batch_linear`, `small_batch_int8_linear`), which run up to 64 rows (bf16) or 5 to
+32 (int8) themselves and hand the rest to vLLM's.
 
 Both must hold in vLLM's engine-core process, where the model runs. vLLM's CPU platform starts that
 process with `spawn`, so it imports torch and vLLM a second time, after the API server has: 6 of a
@@ -51,7 +52,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from llmopt.engine import attention_calls, kernels, prefill_attention, small_batch_linear
+from llmopt.engine import attention_calls, kernels, prefill_attention, small_batch_int8_linear, small_batch_linear
 from llmopt.engine.platform import (INDUCTOR_KERNELS_ENV, INT8_WEIGHT_ONLY_ENV, INT8_WEIGHT_ONLY_KERNEL, KERNEL_REUSED_LINE,
                                    MODEL_INFOS_ENV, PACKED_LINEAR_ENV, SHORT_WARM_UP_LINE, SPAWNED_CORE_ENV,
                                    VLLM_ATTENTION_CALLS_ENV)
@@ -140,8 +141,12 @@ def _packed_linear_kernels() -> None:
     def packed(n: int, k: int, dtype: torch.dtype) -> bool:
         if dtype in (torch.bfloat16, torch.int8) and k % 32 == 0 and n % 16 == 0:  # the kernels' tiles
             logger.info_once("llmopt: vLLM's packed-weight linear kernels for bf16 and int8 layers")
-            if dtype == torch.bfloat16 and os.environ.get(small_batch_linear.ENV) == "1":
-                logger.info_once("llmopt: its small-batch bf16 linear kernel for up to 64 rows")
+            if os.environ.get(small_batch_linear.ENV) == "1":
+                if dtype == torch.bfloat16:
+                    logger.info_once(f"llmopt: its small-batch bf16 linear kernel for up to {small_batch_linear.MAX_ROWS} rows")
+                else:
+                    logger.info_once("llmopt: its small-batch int8 linear kernel for "
+                                     f"{small_batch_int8_linear.MIN_ROWS} to {small_batch_int8_linear.MAX_ROWS} rows")
             return True
         return chosen(n, k, dtype)
 
@@ -350,6 +355,7 @@ def kernels_from_environment() -> None:
         _packed_linear_kernels()
         if library and os.environ.get(small_batch_linear.ENV) == "1":
             small_batch_linear.use(library)
+            small_batch_int8_linear.use(library)
     if os.environ.get(INT8_WEIGHT_ONLY_ENV) == "1":
         _int8_weight_only()
     if library and os.environ.get(prefill_attention.ENV) == "1":
