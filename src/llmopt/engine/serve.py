@@ -139,14 +139,16 @@ def _packed_linear_kernels() -> None:
     chosen = utils.check_cpu_sgl_kernel
 
     def packed(n: int, k: int, dtype: torch.dtype) -> bool:
-        if dtype in (torch.bfloat16, torch.int8) and k % 32 == 0 and n % 16 == 0:  # the kernels' tiles
+        # the kernels' tiles: 16 channels for bf16; vLLM's int8 kernel has no 16-channel tile and
+        # fails on such a layer ("Expected N == BLOCK_N"), so int8 layers need whole blocks of 32
+        channels = {torch.bfloat16: 16, torch.int8: 32}.get(dtype)
+        if channels and k % 32 == 0 and n % channels == 0:
             logger.info_once("llmopt: vLLM's packed-weight linear kernels for bf16 and int8 layers")
-            if os.environ.get(small_batch_linear.ENV) == "1":
-                if dtype == torch.bfloat16:
-                    logger.info_once(f"llmopt: its small-batch bf16 linear kernel for up to {small_batch_linear.MAX_ROWS} rows")
-                else:
-                    logger.info_once("llmopt: its small-batch int8 linear kernel for "
-                                     f"{small_batch_int8_linear.MIN_ROWS} to {small_batch_int8_linear.MAX_ROWS} rows")
+            if dtype == torch.bfloat16 and os.environ.get(small_batch_linear.ENV) == "1":
+                logger.info_once(f"llmopt: its small-batch bf16 linear kernel for up to {small_batch_linear.MAX_ROWS} rows")
+            if dtype == torch.int8 and small_batch_int8_linear.used():
+                logger.info_once("llmopt: its small-batch int8 linear kernel for "
+                                 f"{small_batch_int8_linear.MIN_ROWS} to {small_batch_int8_linear.MAX_ROWS} rows")
             return True
         return chosen(n, k, dtype)
 

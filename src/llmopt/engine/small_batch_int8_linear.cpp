@@ -4,7 +4,7 @@
 //
 // vLLM's `_C::int8_scaled_mm_with_quant` quantizes the rows in one parallel region, then multiplies
 // in tiles of 4 rows by 32 channels: 8 rows read each block of weights twice, 16 rows four times,
-// and on the project's Zen 4 EPYC it streamed 21-28 GB/s of weights at one row, 16-23 at 8 and 11-15
+// and on the project's Zen 4 EPYC it streamed 21-29 GB/s of weights at one row, 16-23 at 8 and 12-16
 // at 16 (`benchmarks/linear_kernels.py`). Here the rows are quantized before the one parallel
 // region, and up to 8 rows share each weight load (16 accumulators in registers), with the
 // weights read ahead into L2 as the bf16 kernel does. Products accumulate exactly in int32, the

@@ -17,9 +17,10 @@ from llmopt.engine import kernels
 
 MIN_ROWS, MAX_ROWS = kernels.INT8_MIN_ROWS, kernels.INT8_MAX_ROWS
 # Products a new build must give vLLM's bits for before it is kept: SmolLM2's and Qwen2.5's layer
-# shapes, one block of 32 channels; tile heights, two tiles and the hand-overs to vLLM's kernel.
+# shapes, one block of 32 channels; every row count, so every tile height after whole tiles of 8,
+# and the hand-overs to vLLM's kernel on both sides.
 CHECKED_SHAPES = ((576, 576), (960, 576), (576, 1536), (3072, 576), (1152, 896), (32, 64))
-CHECKED_ROWS = (1, MIN_ROWS - 1, MIN_ROWS, 7, 8, 9, 16, 17, MAX_ROWS, MAX_ROWS + 1)
+CHECKED_ROWS = tuple(range(1, MAX_ROWS + 2))
 
 
 def use(path: str | Path) -> None:
@@ -38,6 +39,13 @@ def use(path: str | Path) -> None:
     cpu.CPUInt8ScaledMMLinearKernel._apply_weights_sgl = packed_int8_linear
 
 
+def used() -> bool:
+    """Whether vLLM's packed int8 layers call llmopt's kernel in this process (`use` has run)."""
+    from vllm.model_executor.kernels.linear.scaled_mm import cpu
+
+    return cpu.CPUInt8ScaledMMLinearKernel._apply_weights_sgl.__module__ == __name__
+
+
 def compare(path: str | Path) -> int:
     """The products checked against vLLM's packed int8 kernel with the library at `path` loaded:
     every `CHECKED_SHAPES` with and without a bias at every `CHECKED_ROWS`, and rows strided as a
@@ -49,7 +57,7 @@ def compare(path: str | Path) -> int:
     ours = torch.ops.llmopt.small_batch_int8_linear
 
     def vllms(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return torch.ops._C.int8_scaled_mm_with_quant(x.contiguous(), packed, scales, bias, x.dtype, True)
+        return torch.ops._C.int8_scaled_mm_with_quant(x, packed, scales, bias, x.dtype, True)  # strided rows too
 
     checked = 0
     for n, k in CHECKED_SHAPES:
