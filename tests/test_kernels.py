@@ -48,8 +48,9 @@ import torch, vllm._C
 from vllm.model_executor.kernels.linear.scaled_mm import cpu
 from llmopt.engine import kernels, small_batch_int8_linear
 vllms = cpu.CPUInt8ScaledMMLinearKernel._apply_weights_sgl
-checked = small_batch_int8_linear.compare(kernels.build())
-small_batch_int8_linear.use(kernels.build())
+library = kernels.build()
+checked = small_batch_int8_linear.compare(library)
+small_batch_int8_linear.use(library)
 assert cpu.CPUInt8ScaledMMLinearKernel._apply_weights_sgl is not vllms
 n, k = 576, 1536
 packed = torch.ops._C.convert_weight_packed(torch.randint(-127, 128, (n, k), dtype=torch.int8))
