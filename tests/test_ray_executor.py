@@ -25,7 +25,7 @@ from llmopt.engine import platform, vllm
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import runs
 from llmopt.executors import ray as ray_executor
-from llmopt.jobs import pipeline, store
+from llmopt.jobs import pipeline, store, worker
 
 from conftest import assert_one_line_error, run_cli, wait_for_step
 
@@ -140,6 +140,29 @@ def test_a_ray_job_submits_the_local_worker_command_with_its_log_env_and_resourc
     # the record is the local one's otherwise, and the CLI shows it
     described = json.loads(run_cli("jobs", "describe", "ray-submitted").stdout)
     assert described["executor"] == "ray" and described["ray_submission_id"] == sid
+
+
+def test_a_node_of_another_processor_kind_records_the_key_of_what_it_builds(smol: sources.Model, fake_ray: FakeRay,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SmoothQuant job submitted here and run by a Ray node without AVX-512 quantizes in float32
+    there: its record and manifest take that node's key, so a later job submitted from here, which
+    would quantize in bf16, never reuses the node's weights as its own (nor the other way round)."""
+    recipe = Recipe(quantization=SmoothQuant())
+    job = llmopt.optimize(smol.id, recipe, name="ray-other-node", force=True, wait=False, executor="ray",
+                          ray_address=ADDRESS)
+    here = platform.detect()
+    avx2 = here.model_copy(update={"cpu_flags": tuple(f for f in here.cpu_flags if not f.startswith("avx512")) + ("avx2",),
+                                   "cpu_signature": "AuthenticAMD family 25 model 1"})
+    assert platform.default_dtype(avx2) == "float32"
+    submitted = job.record.artifact_key
+    assert submitted == pipeline.artifact_key(smol, recipe, here)
+    built: list[str] = []
+    monkeypatch.setattr(platform, "detect", lambda: avx2)  # the node the worker runs on
+    monkeypatch.setattr(pipeline, "build", lambda name, key, *args, **kwargs: built.append(key))  # its key, not a build
+    monkeypatch.setattr(worker.signal, "signal", lambda *args: None)  # the worker's SIGTERM handler stays out of pytest
+    assert worker.run("ray-other-node") == 0
+    assert built == [job.record.artifact_key] == [pipeline.artifact_key(smol, recipe, avx2)]
+    assert built[0] != submitted
 
 
 def test_a_quantizing_job_reserves_what_quantizing_needs(smol: sources.Model) -> None:

@@ -13,9 +13,10 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from llmopt import locations, sources
+from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.jobs import pipeline, store
 from llmopt.recipe import parse
@@ -38,6 +39,22 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
 
+def _key_built_here(name: str, submitted: str | None, source: sources.Model, recipe: Any,
+                     log: logging.Logger) -> str:
+    """The artifact key of what this machine builds. A job is keyed where it is submitted, but part of
+    a key is what the building machine chooses (the dtype quantizing runs in: float32 on x86 without
+    AVX-512) or reads (a calibration or workload file): a Ray node of another processor kind, or a
+    file changed since, builds another artifact. The record then takes this key, so that a later job
+    reuses the artifact only where it would have built the same one."""
+    here = pipeline.artifact_key(source, recipe, platform.detect())
+    if submitted is not None and here != submitted:
+        log.warning("this machine (%s) builds another artifact than the key the job was submitted with "
+                    "(what it quantizes in, or a file it reads, differs): recorded under this machine's key",
+                    platform.detect().cpu_label)
+        store.update(name, artifact_key=here)
+    return here
+
+
 def run(name: str) -> int:
     record = store.get(name)
     log = logging.getLogger(f"llmopt.job.{name}")
@@ -53,6 +70,7 @@ def run(name: str) -> int:
         if source is None:
             raise LlmoptError(f"source model '{record.source}' is no longer in the store", "import it again")
         recipe = parse(record.recipe)
+        key = _key_built_here(name, record.artifact_key, source, recipe, log)
         workdir.mkdir(parents=True, exist_ok=False)
 
         @contextmanager
@@ -66,7 +84,7 @@ def run(name: str) -> int:
         def report(step: str, status: str, fraction: float, seconds: float | None) -> None:
             store.set_step(name, step, status, fraction, seconds)
 
-        pipeline.build(name, record.artifact_key or "", source, recipe, workdir, output, log, report=report,
+        pipeline.build(name, key, source, recipe, workdir, output, log, report=report,
                        finalize_guard=finalizing)
         if uri is not None:
             _publish(output, uri, log, report)
