@@ -6,8 +6,10 @@ the engine tier runs real jobs on a real local Ray head."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -144,25 +146,33 @@ def test_a_ray_job_submits_the_local_worker_command_with_its_log_env_and_resourc
 
 def test_a_node_of_another_processor_kind_records_the_key_of_what_it_builds(smol: sources.Model, fake_ray: FakeRay,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """A SmoothQuant job submitted here and run by a Ray node without AVX-512 quantizes in float32
-    there: its record and manifest take that node's key, so a later job submitted from here, which
-    would quantize in bf16, never reuses the node's weights as its own (nor the other way round)."""
+    """A SmoothQuant job submitted from a Zen 4 and run by a Ray node without AVX-512 (a Zen 3),
+    which quantizes in float32: the record, and the key the build is given, are the node's, so the
+    artifact is reused only for a job that would have built the same one. Both machines are
+    pinned, so the test reads the same on any machine the suite runs on."""
+    here = platform.detect()
+    zen4 = here.model_copy(update={"device": "cpu", "gpu": None, "gpu_count": 0, "cpu_model": "AMD EPYC",
+                                   "cpu_signature": "AuthenticAMD family 25 model 17",
+                                   "cpu_flags": ("avx", "avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")})
+    zen3 = zen4.model_copy(update={"cpu_signature": "AuthenticAMD family 25 model 1", "cpu_flags": ("avx", "avx2")})
+    assert (platform.default_dtype(zen4), platform.default_dtype(zen3)) == ("bfloat16", "float32")
+    monkeypatch.setattr(platform, "detect", lambda: zen4)  # the submitting machine
     recipe = Recipe(quantization=SmoothQuant())
     job = llmopt.optimize(smol.id, recipe, name="ray-other-node", force=True, wait=False, executor="ray",
                           ray_address=ADDRESS)
-    here = platform.detect()
-    avx2 = here.model_copy(update={"cpu_flags": tuple(f for f in here.cpu_flags if not f.startswith("avx512")) + ("avx2",),
-                                   "cpu_signature": "AuthenticAMD family 25 model 1"})
-    assert platform.default_dtype(avx2) == "float32"
     submitted = job.record.artifact_key
-    assert submitted == pipeline.artifact_key(smol, recipe, here)
+    assert submitted == pipeline.artifact_key(smol, recipe, zen4)
     built: list[str] = []
-    monkeypatch.setattr(platform, "detect", lambda: avx2)  # the node the worker runs on
+    monkeypatch.setattr(platform, "detect", lambda: zen3)  # the node the worker runs on
     monkeypatch.setattr(pipeline, "build", lambda name, key, *args, **kwargs: built.append(key))  # its key, not a build
     monkeypatch.setattr(worker.signal, "signal", lambda *args: None)  # the worker's SIGTERM handler stays out of pytest
-    assert worker.run("ray-other-node") == 0
-    assert built == [job.record.artifact_key] == [pipeline.artifact_key(smol, recipe, avx2)]
-    assert built[0] != submitted
+    httpx_level = logging.getLogger("httpx").level
+    try:
+        assert worker.run("ray-other-node") == 0
+    finally:
+        logging.getLogger("httpx").setLevel(httpx_level)
+        shutil.rmtree(job.record.workdir, ignore_errors=True)  # the work folder the faked build left
+    assert built == [job.record.artifact_key] == [pipeline.artifact_key(smol, recipe, zen3)] != [submitted]
 
 
 def test_a_quantizing_job_reserves_what_quantizing_needs(smol: sources.Model) -> None:

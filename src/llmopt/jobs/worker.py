@@ -48,8 +48,8 @@ def _key_built_here(name: str, submitted: str | None, source: sources.Model, rec
     reuses the artifact only where it would have built the same one."""
     here = pipeline.artifact_key(source, recipe, platform.detect())
     if submitted is not None and here != submitted:
-        log.warning("this machine (%s) builds another artifact than the key the job was submitted with "
-                    "(what it quantizes in, or a file it reads, differs): recorded under this machine's key",
+        log.warning("this machine (%s) builds another artifact than the one the job was keyed for where it was "
+                    "submitted (its processor, engine or the files it reads differ): recorded under this machine's key",
                     platform.detect().cpu_label)
         store.update(name, artifact_key=here)
     return here
