@@ -46,11 +46,12 @@ def _key_built_here(name: str, submitted: str | None, source: sources.Model, rec
     AVX-512) or reads (a calibration or workload file): a Ray node of another processor kind, or a
     file changed since, builds another artifact. The record then takes this key, so that a later job
     reuses the artifact only where it would have built the same one."""
-    here = pipeline.artifact_key(source, recipe, platform.detect())
+    hardware = platform.detect()
+    here = pipeline.artifact_key(source, recipe, hardware)
     if submitted is not None and here != submitted:
         log.warning("this machine (%s) builds another artifact than the one the job was keyed for where it was "
                     "submitted (its processor, engine or the files it reads differ): recorded under this machine's key",
-                    platform.detect().cpu_label)
+                    hardware.cpu_label)
         store.update(name, artifact_key=here)
     return here
 
