@@ -144,12 +144,15 @@ def test_a_ray_job_submits_the_local_worker_command_with_its_log_env_and_resourc
     assert described["executor"] == "ray" and described["ray_submission_id"] == sid
 
 
-def test_a_node_of_another_processor_kind_records_the_key_of_what_it_builds(smol: sources.Model, fake_ray: FakeRay,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_node_of_another_processor_kind_records_the_key_and_memory_of_what_it_builds(
+        smol: sources.Model, fake_ray: FakeRay, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A SmoothQuant job submitted from a Zen 4 and run by a Ray node without AVX-512 (a Zen 3),
     which quantizes in float32: the record, and the key the build is given, are the node's, so the
     artifact is reused only for a job that would have built the same one. Both machines are
-    pinned, so the test reads the same on any machine the suite runs on."""
+    pinned, so the test reads the same on any machine the suite runs on. Quantizing in float32
+    holds more memory than the reservation made for the Zen 4: on a model whose quantizing peak is
+    above its serving one (not SmolLM2-135M, whose 2 GiB KV cache outweighs it), the log says so
+    and the record takes the node's estimate."""
     here = platform.detect()
     zen4 = here.model_copy(update={"device": "cpu", "gpu": None, "gpu_count": 0, "cpu_model": "AMD EPYC",
                                    "cpu_signature": "AuthenticAMD family 25 model 17",
@@ -157,11 +160,16 @@ def test_a_node_of_another_processor_kind_records_the_key_of_what_it_builds(smol
     zen3 = zen4.model_copy(update={"cpu_signature": "AuthenticAMD family 25 model 1", "cpu_flags": ("avx", "avx2")})
     assert (platform.default_dtype(zen4), platform.default_dtype(zen3)) == ("bfloat16", "float32")
     monkeypatch.setattr(platform, "detect", lambda: zen4)  # the submitting machine
+    estimate = pipeline.peak_memory_bytes
+    quantizing = {"bfloat16": 3 * 2**30, "float32": 6 * 2**30}  # a model whose quantizing peak counts
+    monkeypatch.setattr(pipeline, "peak_memory_bytes",
+                        lambda source, recipe, hw: max(estimate(source, recipe, hw), quantizing[platform.default_dtype(hw)] * 2))
     recipe = Recipe(quantization=SmoothQuant())
     job = llmopt.optimize(smol.id, recipe, name="ray-other-node", force=True, wait=False, executor="ray",
                           ray_address=ADDRESS)
     submitted = job.record.artifact_key
     assert submitted == pipeline.artifact_key(smol, recipe, zen4)
+    assert job.record.memory_bytes == 6 * 2**30 == fake_ray.submitted[-1]["entrypoint_memory"]
     built: list[str] = []
     monkeypatch.setattr(platform, "detect", lambda: zen3)  # the node the worker runs on
     monkeypatch.setattr(pipeline, "build", lambda name, key, *args, **kwargs: built.append(key))  # its key, not a build
@@ -173,6 +181,8 @@ def test_a_node_of_another_processor_kind_records_the_key_of_what_it_builds(smol
         logging.getLogger("httpx").setLevel(httpx_level)
         shutil.rmtree(job.record.workdir, ignore_errors=True)  # the work folder the faked build left
     assert built == [job.record.artifact_key] == [pipeline.artifact_key(smol, recipe, zen3)] != [submitted]
+    assert job.record.memory_bytes == 12 * 2**30
+    assert "may hold 12.0 GiB at its peak, more than the 6.0 GiB estimated" in caplog.text
 
 
 def test_a_quantizing_job_reserves_what_quantizing_needs(smol: sources.Model) -> None:

@@ -102,7 +102,7 @@ def create(model: str, recipe: Any, name: str | None = None, output: str | Path 
             "progress": {"reused": store.StepProgress(status="done", fraction=1.0, reused_from=previous.name)}}))
         return Job(name, verdict.warnings, reused_from=previous.name)
     resources = _resources(source, recipe, hardware)
-    store.claim(record)
+    store.claim(record.model_copy(update={"memory_bytes": resources.memory_bytes}))
     try:
         store.update(name, **runs_on.start(name, log_path, resources))
     except BaseException as exc:

@@ -39,20 +39,31 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
 
-def _key_built_here(name: str, submitted: str | None, source: sources.Model, recipe: Any,
-                     log: logging.Logger) -> str:
+def _as_built_here(name: str, record: store.JobRecord, source: sources.Model, recipe: Any,
+                   log: logging.Logger) -> str:
     """The artifact key of what this machine builds. A job is keyed where it is submitted, but part of
     a key is what the building machine chooses (the dtype quantizing runs in: float32 on x86 without
     AVX-512) or reads (a calibration or workload file): a Ray node of another processor kind, or a
     file changed since, builds another artifact. The record then takes this key, so that a later job
-    reuses the artifact only where it would have built the same one."""
+    reuses the artifact only where it would have built the same one. Quantizing in float32 also holds
+    about twice the memory: where this machine's build needs more than the submitting machine
+    estimated (and Ray reserved), the log says so and the record takes this machine's estimate."""
     hardware = platform.detect()
     here = pipeline.artifact_key(source, recipe, hardware)
-    if submitted is not None and here != submitted:
+    changed: dict[str, Any] = {}
+    if record.artifact_key is not None and here != record.artifact_key:
         log.warning("this machine (%s) builds another artifact than the one the job was keyed for where it was "
                     "submitted (its processor, engine or the files it reads differ): recorded under this machine's key",
                     hardware.cpu_label)
-        store.update(name, artifact_key=here)
+        changed["artifact_key"] = here
+    needed = pipeline.peak_memory_bytes(source, recipe, hardware)
+    if record.memory_bytes is not None and needed > record.memory_bytes:
+        log.warning("this machine's build may hold %.1f GiB at its peak, more than the %.1f GiB estimated (and reserved, "
+                    "on Ray) where the job was submitted: submit such jobs from a machine of the nodes' processor kind "
+                    "so that the reservation is theirs", needed / 2**30, record.memory_bytes / 2**30)
+        changed["memory_bytes"] = needed
+    if changed:
+        store.update(name, **changed)
     return here
 
 
@@ -71,7 +82,7 @@ def run(name: str) -> int:
         if source is None:
             raise LlmoptError(f"source model '{record.source}' is no longer in the store", "import it again")
         recipe = parse(record.recipe)
-        key = _key_built_here(name, record.artifact_key, source, recipe, log)
+        key = _as_built_here(name, record, source, recipe, log)
         workdir.mkdir(parents=True, exist_ok=False)
 
         @contextmanager
