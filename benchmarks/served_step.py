@@ -8,9 +8,11 @@ decodes), the engine core timed through `phase_timer/sitecustomize.py` on the se
 PYTHONPATH. Offline: vLLM's `LLM.generate` in the same engine environment
 (`step_profile.in_engine_environment`; prefix caching off, where the server keeps vLLM's default,
 on, though every prompt is new to it), 6 requests one at a time and 24 eight at a time, the same
-lengths. The two alternate, `--rounds` times each. Writes results/served_step.json (or `--out`).
+lengths. The two alternate, `--rounds` times each; with `--stream-intervals 1,8` each round serves
+once per interval (`EngineConfig.stream_interval`: the front end's work a token, against what it
+costs the steps). Writes results/served_step.json (or `--out`).
 
-    .venv/bin/python benchmarks/served_step.py [--rounds N] [--out NAME]
+    .venv/bin/python benchmarks/served_step.py [--rounds N] [--stream-intervals 1,8] [--out NAME]
 """
 
 from __future__ import annotations
@@ -47,7 +49,11 @@ def _flushed(times: Path, engine_core: int) -> dict[str, dict[str, float]]:
     return [found for found in map(json.loads, times.read_text().splitlines()) if found["pid"] == engine_core][-1]["phases"]
 
 
-def served(times: Path) -> list[dict]:
+def served_mode(interval: int) -> str:
+    return "served" if interval == 1 else f"served, interval {interval}"
+
+
+def served(times: Path, interval: int) -> list[dict]:
     """A deployment measured as `engine_cpu_settings.py` measures one, its engine core's phases by level."""
     from decode_profile import server_pids
 
@@ -57,9 +63,10 @@ def served(times: Path) -> list[dict]:
         engine_core.append(server_pids(pid)["engine core"])
         _flushed(times, engine_core[0])  # the start's warm-up runs
 
-    row = deploy_and_measure("served", LLMOPT, {"PYTHONPATH": str(TIMER_DIR), phase_timer.ENV: str(times)}, ready, MODEL,
+    row = deploy_and_measure(served_mode(interval), LLMOPT.model_copy(update={"stream_interval": interval}),
+                             {"PYTHONPATH": str(TIMER_DIR), phase_timer.ENV: str(times)}, ready, MODEL,
                              after_level=lambda level: {f"phases_c{level}": _flushed(times, engine_core[0])})
-    return [{"mode": "served", "batch": level, "phases": row[f"phases_c{level}"], "out_tok_s": row[f"out_tok_s_c{level}"]}
+    return [{"mode": served_mode(interval), "batch": level, "phases": row[f"phases_c{level}"], "out_tok_s": row[f"out_tok_s_c{level}"]}
             for level in LEVELS]
 
 
@@ -96,7 +103,7 @@ def offline(out: Path) -> None:
     out.write_text(json.dumps(rows))
 
 
-def main(rounds: int, out: Path) -> None:
+def main(rounds: int, intervals: list[int], out: Path) -> None:
     from llmopt.engine import platform
 
     times = Path(f"/tmp/llmopt-served-step-{os.getpid()}.jsonl")
@@ -104,23 +111,25 @@ def main(rounds: int, out: Path) -> None:
     for r in range(rounds):
         subprocess.run([sys.executable, __file__, "--offline", str(times.with_suffix(".offline"))], check=True)
         rows += [row | {"round": r} for row in json.loads(times.with_suffix(".offline").read_text())]
-        rows += [row | {"round": r} for row in served(times)]
+        for interval in intervals:
+            rows += [row | {"round": r} for row in served(times, interval)]
     times.unlink(missing_ok=True)
     times.with_suffix(".offline").unlink(missing_ok=True)
     out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")  # kept should the summary fail
+    modes = ["offline", *map(served_mode, intervals)]
     median = {(mode, batch): {name: {k: statistics.median(row["phases"][name][k] for row in rows
                                                           if (row["mode"], row["batch"]) == (mode, batch))
                                      for k in ("wall_ms", "cpu_ms")} for name in SHOWN}
-              for mode in ("offline", "served") for batch in LEVELS}
-    columns = [(mode, batch) for batch in LEVELS for mode in ("offline", "served")]
+              for mode in modes for batch in LEVELS}
+    columns = [(mode, batch) for batch in LEVELS for mode in modes]
     print(f"median of {rounds} rounds, ms a call, wall (CPU):")
-    print(f"{'phase':<42}" + "".join(f"{f'{mode} b{batch}':>18}" for mode, batch in columns))
+    print(f"{'phase':<42}" + "".join(f"{f'{mode} b{batch}':>24}" for mode, batch in columns))
     for name in SHOWN:
-        print(f"{name:<42}" + "".join(f"{median[c][name]['wall_ms']:>9.3f} ({median[c][name]['cpu_ms']:.3f})" for c in columns))
+        print(f"{name:<42}" + "".join(f"{median[c][name]['wall_ms']:>15.3f} ({median[c][name]['cpu_ms']:.3f})" for c in columns))
     print(f"{'output tokens/s':<42}" + "".join(
-        f"{statistics.median(row['out_tok_s'] for row in rows if (row['mode'], row['batch']) == c):>18.1f}" for c in columns))
+        f"{statistics.median(row['out_tok_s'] for row in rows if (row['mode'], row['batch']) == c):>24.1f}" for c in columns))
     out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": MODEL, "workload": WORKLOAD,
-                               "levels": LEVELS, "rows": rows,
+                               "levels": LEVELS, "stream_intervals": intervals, "rows": rows,
                                "medians": {f"{mode} b{batch}": phases for (mode, batch), phases in median.items()}},
                               indent=2) + "\n")
     print(f"wrote {out}")
@@ -130,9 +139,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="offline and served runs in turn, this many of each")
     parser.add_argument("--out", default="served_step.json", help="the results file's name in results/")
+    parser.add_argument("--stream-intervals", default="1", help="served once a round at each (comma-separated)")
     parser.add_argument("--offline", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.offline:
         offline(args.offline)
     else:
-        main(args.rounds, RESULTS / args.out)
+        main(args.rounds, [int(n) for n in args.stream_intervals.split(",")], RESULTS / args.out)
