@@ -53,6 +53,17 @@ def served_mode(interval: int) -> str:
     return "served" if interval == 1 else f"served, interval {interval}"
 
 
+def intervals(text: str) -> list[int]:
+    """`--stream-intervals`, checked before the first round's minutes: distinct, each 1 to 4096."""
+    try:
+        found = list(dict.fromkeys(int(n) for n in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of whole numbers") from None
+    if not all(1 <= n <= 4096 for n in found):
+        raise argparse.ArgumentTypeError(f"stream intervals are 1 to 4096, not {text}")
+    return found
+
+
 def served(times: Path, interval: int) -> list[dict]:
     """A deployment measured as `engine_cpu_settings.py` measures one, its engine core's phases by level."""
     from decode_profile import server_pids
@@ -139,10 +150,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="offline and served runs in turn, this many of each")
     parser.add_argument("--out", default="served_step.json", help="the results file's name in results/")
-    parser.add_argument("--stream-intervals", default="1", help="served once a round at each (comma-separated)")
+    parser.add_argument("--stream-intervals", default="1", type=intervals,
+                        help="served once a round at each (comma-separated, 1 to 4096)")
     parser.add_argument("--offline", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.offline:
         offline(args.offline)
     else:
-        main(args.rounds, [int(n) for n in args.stream_intervals.split(",")], RESULTS / args.out)
+        main(args.rounds, args.stream_intervals, RESULTS / args.out)

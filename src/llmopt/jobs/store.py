@@ -40,8 +40,8 @@ class JobRecord(BaseModel):
     pid_create_time: float | None = None
     ray_address: str | None = None  # the Ray executor's: the dashboard the job went to, and its id there
     ray_submission_id: str | None = None
-    # what the worker may hold at its peak (`pipeline.peak_memory_bytes`), estimated where the job was
-    # submitted (what Ray reserves for it), then by the machine that builds it where that needs more
+    # what the worker may hold at its peak (`pipeline.peak_memory_bytes`): the estimate where the job was
+    # submitted (what Ray reserves for it), replaced by the building machine's where that is higher
     memory_bytes: int | None = None
     progress: dict[str, StepProgress] = Field(default_factory=dict)
     force: bool = False

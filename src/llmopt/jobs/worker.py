@@ -41,7 +41,8 @@ def _signals_held() -> Iterator[None]:
 
 def _as_built_here(name: str, record: store.JobRecord, source: sources.Model, recipe: Any,
                    log: logging.Logger) -> str:
-    """The artifact key of what this machine builds. A job is keyed where it is submitted, but part of
+    """The artifact key of what this machine builds, recorded, with its memory estimate, where they
+    differ from the submitting machine's. A job is keyed where it is submitted, but part of
     a key is what the building machine chooses (the dtype quantizing runs in: float32 on x86 without
     AVX-512) or reads (a calibration or workload file): a Ray node of another processor kind, or a
     file changed since, builds another artifact. The record then takes this key, so that a later job
@@ -58,9 +59,10 @@ def _as_built_here(name: str, record: store.JobRecord, source: sources.Model, re
         changed["artifact_key"] = here
     needed = pipeline.peak_memory_bytes(source, recipe, hardware)
     if record.memory_bytes is not None and needed > record.memory_bytes:
-        log.warning("this machine's build may hold %.1f GiB at its peak, more than the %.1f GiB estimated (and reserved, "
-                    "on Ray) where the job was submitted: submit such jobs from a machine of the nodes' processor kind "
-                    "so that the reservation is theirs", needed / 2**30, record.memory_bytes / 2**30)
+        log.warning("this machine (%s) may hold %.2f GiB at its peak building the job, more than the %.2f GiB "
+                    "estimated where it was submitted (what Ray reserved for it): submit such jobs from a machine of "
+                    "the nodes' processor kind so that the reservation is theirs", hardware.cpu_label, needed / 2**30,
+                    record.memory_bytes / 2**30)
         changed["memory_bytes"] = needed
     if changed:
         store.update(name, **changed)
