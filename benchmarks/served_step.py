@@ -26,7 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from engine_cpu_settings import LEVELS, LLMOPT, WORKLOAD, deploy_and_measure
+from llmopt.engine.config import EngineConfig
 from phase_timer import phase_timer
 
 MODEL = "smollm2-135m-instruct"
@@ -54,13 +57,16 @@ def served_mode(interval: int) -> str:
 
 
 def intervals(text: str) -> list[int]:
-    """`--stream-intervals`, checked before the first round's minutes: distinct, each 1 to 4096."""
+    """`--stream-intervals`, distinct, each checked by `EngineConfig` before the first round's minutes."""
     try:
         found = list(dict.fromkeys(int(n) for n in text.split(",")))
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of whole numbers") from None
-    if not all(1 <= n <= 4096 for n in found):
-        raise argparse.ArgumentTypeError(f"stream intervals are 1 to 4096, not {text}")
+    for interval in found:
+        try:
+            EngineConfig(stream_interval=interval)
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(f"stream interval {interval}: {exc.errors()[0]['msg']}") from None
     return found
 
 

@@ -47,7 +47,7 @@ def _as_built_here(name: str, record: store.JobRecord, source: sources.Model, re
     AVX-512) or reads (a calibration or workload file): a Ray node of another processor kind, or a
     file changed since, builds another artifact. The record then takes this key, so that a later job
     reuses the artifact only where it would have built the same one. Quantizing in float32 also holds
-    about twice the memory: where this machine's build needs more than the submitting machine
+    up to about twice the memory: where this machine's build needs more than the submitting machine
     estimated (and Ray reserved), the log says so and the record takes this machine's estimate."""
     hardware = platform.detect()
     here = pipeline.artifact_key(source, recipe, hardware)
