@@ -58,6 +58,9 @@ def test_sweep_against_the_real_engine(endpoint, tmp_path: Path) -> None:
         assert lvl.price.blended_per_million_tokens == pytest.approx(blended)
         assert lvl.accuracy.answered == 8
         assert lvl.speculative is None
+        # the engine's prefix-cache counters cover exactly the level's prompts, each looked up once
+        assert lvl.prefix_cache.queried_tokens == lvl.server_counted_tokens.input
+        assert 0 <= lvl.prefix_cache.hit_tokens < lvl.prefix_cache.queried_tokens
         # how close decoding came to this machine's bound, from the served weights and measured bandwidth
         bound = lvl.decode_bound
         assert bound is not None and bound.weights_read_per_token_bytes > 2e8 and bound.read_gb_s > 1
@@ -67,7 +70,7 @@ def test_sweep_against_the_real_engine(endpoint, tmp_path: Path) -> None:
     assert len(target.quality.greedy_tokens) == 4
     html = (out / "report.html").read_text()
     assert "<svg" in html and "Time to first token" in html and "GB/s measured read bandwidth" in html
-    assert "decode vs bound" in result.stdout
+    assert "decode vs bound" in result.stdout and "prefix cached" in result.stdout and "prefix-cached" in html
     assert "<script" not in html and "<link" not in html and "src=" not in html  # reads offline
     _screenshot(out / "report.html", "single")
 

@@ -112,6 +112,20 @@ def test_speculative_counters_from_prometheus_text() -> None:
     assert engine_metrics.speculative({}) is None
 
 
+def test_prefix_cache_counters_from_prometheus_text() -> None:
+    """vLLM's counters, with their `_created` companions and another engine's labels, summed."""
+    before = engine_metrics.parse('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0\n'
+                                  'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 200.0\n'
+                                  'vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9\n')
+    after = engine_metrics.parse('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 4000.0\n'
+                                 'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1100.0\n'
+                                 'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 1000.0\n')
+    cache = engine_metrics.prefix_cache(engine_metrics.delta(before, after))
+    assert (cache.queried_tokens, cache.hit_tokens, cache.hit_rate) == (4000, 900, pytest.approx(900 / 4000))
+    assert engine_metrics.prefix_cache({}) is None
+    assert engine_metrics.speculative(engine_metrics.delta(before, after)) is None
+
+
 def test_stats_percentiles() -> None:
     s = metrics.stats([1, 2, 3, 4])
     assert s.p50 == 2.5 and s.mean == 2.5 and math.isclose(s.p99, 3.97)

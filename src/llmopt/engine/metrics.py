@@ -1,4 +1,5 @@
-"""vLLM's Prometheus counters (`/metrics`), and the proof that speculative decoding is running.
+"""vLLM's Prometheus counters (`/metrics`): speculative decoding's (and the proof that it is running)
+and the prefix cache's.
 
 A deployment configured for speculation that proposes no drafts is an error, not a warning: the
 SageMaker toolkit's users found speculation silently off, and llmopt checks it every time.
@@ -16,6 +17,9 @@ SPEC_COUNTERS = (
     "vllm:spec_decode_num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens",
 )
+# Prompt tokens looked up in the prefix cache as each request is first scheduled, and those found
+PREFIX_COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+COUNTERS = SPEC_COUNTERS + PREFIX_COUNTERS
 # A raw-text prompt whose continuation repeats the prompt, so that even n-gram lookup (and any
 # draft model) proposes drafts that the target accepts. Sent as a completion, not a chat, so a
 # chat model's habit of answering in prose cannot get in the way.
@@ -29,7 +33,7 @@ def parse(text: str) -> dict[str, float]:
         if line.startswith("#") or not line.strip():
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
-        if name in SPEC_COUNTERS:
+        if name in COUNTERS:
             try:
                 totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
             except ValueError:
@@ -59,6 +63,23 @@ def speculative(counters: dict[str, float]) -> SpeculationStats | None:
         return None
     return SpeculationStats(drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
                             acceptance_rate=accepted / draft_tokens, mean_accepted_length=1 + accepted / drafts)
+
+
+class PrefixCacheStats(BaseModel):
+    """The share of a run's prompt tokens the engine found in its prefix cache, and so did not
+    prefill: what tells a TTFT measured on a cache that served more of one run's prompts."""
+
+    queried_tokens: float
+    hit_tokens: float
+    hit_rate: float
+
+
+def prefix_cache(counters: dict[str, float]) -> PrefixCacheStats | None:
+    queried = counters.get("vllm:prefix_cache_queries", 0.0)
+    if not queried:
+        return None
+    hits = counters.get("vllm:prefix_cache_hits", 0.0)
+    return PrefixCacheStats(queried_tokens=queried, hit_tokens=hits, hit_rate=hits / queried)
 
 
 def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:

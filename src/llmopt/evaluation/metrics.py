@@ -118,6 +118,7 @@ def compute(run: LevelRun, counter: TokenCounter | None, price: pricing.Hardware
         samples=Samples(ttft_ms=_thin(ttft_ms), itl_ms=_thin(itl_ms)),
         accuracy=Accuracy(correct=correct, answered=answered, rate=correct / answered) if answered else None,
         speculative=engine_metrics.speculative(run.engine_counters),
+        prefix_cache=engine_metrics.prefix_cache(run.engine_counters),
         requests=samples,
     )
 

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmopt.engine.config import EngineConfig
-from llmopt.engine.metrics import SpeculationStats
+from llmopt.engine.metrics import PrefixCacheStats, SpeculationStats
 from llmopt.errors import LlmoptError
 from llmopt.evaluation.pricing import HardwareProfile
 from llmopt.evaluation.quality import Agreement, Perplexity
@@ -131,6 +131,7 @@ class Level(_Result):
     speculative: SpeculationStats | None
     requests: list[RequestSample] = Field(default_factory=list)
     decode_bound: DecodeBound | None = None  # where llmopt can read the served weights, on a CPU machine
+    prefix_cache: PrefixCacheStats | None = None  # from the engine's counters, where it serves them (vLLM does)
 
     @property
     def total_tokens_per_s(self) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from llmopt.engine.metrics import PrefixCacheStats
 from llmopt.evaluation.results import DecodeBound, Ratio
 
 
@@ -49,3 +50,8 @@ def bound(found: DecodeBound | None) -> str:
         return ""
     step = f", {found.accepted_length:.1f} tokens a step" if found.accepted_length is not None else ""
     return f"{found.fraction:.0%} of {found.bound_tok_s:.0f} ({found.limited_by}{step})"
+
+
+def cached(found: PrefixCacheStats | None) -> str:
+    """'38% of 4,862': the share of a level's prompt tokens its engine found in the prefix cache."""
+    return "" if found is None else f"{found.hit_rate:.0%} of {found.queried_tokens:,.0f}"

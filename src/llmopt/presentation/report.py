@@ -10,7 +10,7 @@ from typing import Callable
 from llmopt import paths
 from llmopt.evaluation.results import Comparison, EvaluationResults, Level, Stats, TargetResult
 from llmopt.presentation import charts, comparison
-from llmopt.presentation.format import bound, money, num
+from llmopt.presentation.format import bound, cached, money, num
 
 RESULTS_FILE, REPORT_FILE = "results.json", "report.html"
 
@@ -95,7 +95,7 @@ def level_table(target: TargetResult) -> str:
     head = ("concurrency", "invocations", "errors", "tokenizer failures", "empty", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms",
             "ITL p50/p90/p99 ms", "latency p50/p90/p99 ms", "in tok/s", "out tok/s", "req/s", "in tok/s/req", "out tok/s/req",
             "in tokens/req", "out tokens/req", "$/1M in", "$/1M out", "$/1M blended", "goodput req/s", "acceptance",
-            "decode vs bound tok/s")
+            "prompt tokens prefix-cached", "decode vs bound tok/s")
     rows = []
     for lvl in target.levels:
         spec, per = lvl.speculative, lvl.per_request
@@ -109,7 +109,7 @@ def level_table(target: TargetResult) -> str:
                      money(lvl.price.per_million_input_tokens), money(lvl.price.per_million_output_tokens),
                      money(lvl.price.blended_per_million_tokens), num(lvl.goodput.requests_per_s, 2),
                      f"{spec.acceptance_rate:.2f} (mean length {spec.mean_accepted_length:.2f})" if spec else "",
-                     bound(lvl.decode_bound)))
+                     cached(lvl.prefix_cache), bound(lvl.decode_bound)))
     aborted = f'<p class="warn">Aborted: {escape(target.aborted)}</p>' if target.aborted else ""
     known = next((lvl.decode_bound for lvl in target.levels if lvl.decode_bound), None)
     note = (f"<p>Decode vs bound: tokens/s decoded (concurrency / TPOT p50) against what this machine allows, "

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from llmopt.evaluation.results import Comparison, EvaluationResults, Stats
 from llmopt.presentation import comparison
-from llmopt.presentation.format import bound, money, num
+from llmopt.presentation.format import bound, cached, money, num
 
 
 def _p50(stats: Stats | None) -> float | None:
@@ -53,7 +53,8 @@ def evaluation(results: EvaluationResults, console: Console) -> None:
     for target in results.targets:
         t = Table(title=f"{target.label} — {workload}")
         for column in ("conc", "TTFT p50 ms", "TPOT p50 ms", "latency p50 ms", "in tok/s", "out tok/s", "req/s",
-                       "invocations", "errors", "empty", "$/1M in", "$/1M out", "$/1M blended", "accept", "decode vs bound tok/s"):
+                       "invocations", "errors", "empty", "$/1M in", "$/1M out", "$/1M blended", "accept", "prefix cached",
+                       "decode vs bound tok/s"):
             t.add_column(column, justify="right")
         for lvl in target.levels:
             spec = lvl.speculative
@@ -62,7 +63,7 @@ def evaluation(results: EvaluationResults, console: Console) -> None:
                       str(lvl.invocations), str(lvl.invocation_errors), str(lvl.empty_responses),
                       money(lvl.price.per_million_input_tokens), money(lvl.price.per_million_output_tokens),
                       money(lvl.price.blended_per_million_tokens), f"{spec.acceptance_rate:.2f}" if spec else "",
-                      bound(lvl.decode_bound))
+                      cached(lvl.prefix_cache), bound(lvl.decode_bound))
         console.print(t)
         if target.quality and target.quality.perplexity:
             ppl = target.quality.perplexity
