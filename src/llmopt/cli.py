@@ -161,6 +161,8 @@ def deploy(
                                           help="Require this key (Bearer token) on every route."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without an API key."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Run code the model's folder ships (never from a manifest)."),
+    trust_compiled_code: bool = typer.Option(False, "--trust-compiled-code",
+                                             help="Load the compiled code an artifact ships though no job of this home built it."),
     config: Optional[str] = typer.Option(None, help="A deployment configuration of the model (see `llmopt configs list`)."),
     chat_template: Optional[Path] = typer.Option(None, help="A Jinja chat template, for a model that has none."),
 ) -> None:
@@ -174,7 +176,8 @@ def deploy(
         doing = f"building (or reusing) and starting configuration {config} of {model}"
     with _working(doing):
         endpoint = sdk.deploy(model, name=name, port=port, host=host, engine=engine, timeout_s=timeout, api_key=api_key,
-                              insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template, config=config)
+                              insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template, config=config,
+                              trust_compiled_code=trust_compiled_code)
     console.print(f"endpoint [bold]{endpoint.name}[/] ready at {endpoint.url} in {endpoint.seconds_to_ready:.1f} s"
                   + (" (every route asks for the API key)" if endpoint.api_key else ""))
     if endpoint.start is not None:

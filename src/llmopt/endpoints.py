@@ -110,6 +110,7 @@ def launch(
     chat_template: str | None = None,
     temporary: bool = False,
     chat: bool = True,
+    compiled_code_trusted: bool = False,
 ) -> Endpoint:
     """Claim the name, start a server, wait until it answers and `verify` has proven what its settings
     promise; on any failure the server is stopped and the record says why.
@@ -134,7 +135,7 @@ def launch(
     server: vllm.ServerProcess | None = None
     try:
         log_path.unlink(missing_ok=True)
-        with compile_cache.Watch(compile_cache.entry_for(model_path, engine, hw)) as cache:
+        with compile_cache.Watch(compile_cache.entry_for(model_path, engine, hw, compiled_code_trusted)) as cache:
             endpoint.environment = env = {**env, **cache.entry.env}
             path, linked = cache.served(model_path, engine)
             argv = vllm.server_argv(path, linked, served_name, host, port, trust_remote_code, chat_template,

@@ -198,6 +198,7 @@ def deploy(
     trust_remote_code: bool = False,
     chat_template: str | Path | None = None,
     config: str | None = None,
+    trust_compiled_code: bool = False,
 ) -> Endpoint:
     """Serve a model or an optimized artifact; returns once the endpoint answers.
 
@@ -205,7 +206,8 @@ def deploy(
     GGUF file (the last three are imported on first use). With `config`, one of the model's
     deployment configurations (`configs(model)`): its artifact is built, or reused by key, then
     served. With `api_key` every route asks for it (`endpoint.headers` carries it); a host other
-    than loopback needs one, or `insecure`.
+    than loopback needs one, or `insecure`. An artifact no job of this home built starts by
+    compiling, unless `trust_compiled_code` lets the compiled code it ships (code the engine runs) load.
     """
     endpoints.check_request(name or "endpoint", host, port, api_key, insecure, timeout_s)  # before a first-use import
     if config is not None:
@@ -214,7 +216,8 @@ def deploy(
                               "deploy it without engine settings, remote code or a chat template")
         model = str(_configured_artifact(model, config))
     return serving.deploy(serving.for_target(model, engine), name=name, port=port, host=host, timeout_s=timeout_s,
-                          api_key=api_key, insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template)
+                          api_key=api_key, insecure=insecure, trust_remote_code=trust_remote_code, chat_template=chat_template,
+                          trust_compiled_code=trust_compiled_code)
 
 
 def _configured_artifact(model: str, config: str) -> Path:

@@ -14,6 +14,7 @@ from llmopt.endpoints import Endpoint
 from llmopt.engine import vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
+from llmopt.jobs import store
 from llmopt.techniques.base import Running
 
 
@@ -23,6 +24,7 @@ class ServingSpec:
     model_label: str
     served_name: str
     engine: EngineConfig  # with paths located for model_path
+    compiled_code_trusted: bool = False  # an artifact a job of this home built: its compile-cache copy may load
 
     @property
     def has_chat_template(self) -> bool:
@@ -38,7 +40,8 @@ def for_target(target: str, engine: EngineConfig | None = None) -> ServingSpec:
             raise LlmoptError("an artifact carries its own engine settings", "deploy it without engine flags, or optimize again")
         root = path.resolve()
         manifest = artifact.verify(root)
-        return ServingSpec(str(root), manifest.name, manifest.engine.served_name, manifest.located_engine(root))
+        built_here = store.built_here(target if locations.is_uri(target) else str(root))
+        return ServingSpec(str(root), manifest.name, manifest.engine.served_name, manifest.located_engine(root), built_here)
     model = sources.resolve(target)
     return ServingSpec(model.path, model.id, model.id, engine or EngineConfig())
 
@@ -54,9 +57,12 @@ def deploy(
     trust_remote_code: bool = False,
     temporary: bool = False,
     chat_template: str | Path | None = None,
+    trust_compiled_code: bool = False,
 ) -> Endpoint:
     """Start an endpoint for `spec`; it is READY once it answers and every technique has verified it.
-    Remote code in a model folder runs only when the caller asks for it (`trust_remote_code`). A
+    Remote code in a model folder runs only when the caller asks for it (`trust_remote_code`), and
+    an artifact's compiled code (its compile-cache copy) loads only where a job of this home built
+    it or the caller asks for it (`trust_compiled_code`); otherwise the engine compiles. A
     `temporary` endpoint (one a run deploys for itself) is stopped when the process that deployed it dies.
     A model with no chat template of its own takes `chat_template` (a file); without one, chat
     requests are answered with what to do."""
@@ -67,7 +73,7 @@ def deploy(
     return endpoints.launch(spec.model_path, spec.model_label, spec.served_name, spec.engine, name, _verify,
                             port=port, host=host, timeout_s=timeout_s, api_key=api_key, insecure=insecure,
                             trust_remote_code=trust_remote_code, temporary=temporary, chat_template=template,
-                            chat=spec.has_chat_template)
+                            chat=spec.has_chat_template, compiled_code_trusted=spec.compiled_code_trusted or trust_compiled_code)
 
 
 def _verify(endpoint: Endpoint) -> dict[str, Any]:

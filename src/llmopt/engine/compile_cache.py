@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import math
 import os
 import shutil
@@ -28,6 +29,8 @@ from pydantic import BaseModel
 from llmopt import hashing, paths
 from llmopt.engine import kernels, platform, vllm
 from llmopt.engine.config import EngineConfig
+
+logger = logging.getLogger(__name__)
 
 SCHEMA = 4  # 4: weights by layout (3: by content; vLLM's saved compiled model; 2: Inductor's FX-graph cache only)
 KEY_FILE = "key.json"
@@ -319,16 +322,22 @@ def root() -> Path:
     return folder
 
 
-def entry_for(model_path: str | Path, config: EngineConfig, hw: platform.Hardware) -> Entry:
+def entry_for(model_path: str | Path, config: EngineConfig, hw: platform.Hardware, trusted: bool = False) -> Entry:
     """The entry for this start, created empty when new, or seeded from the artifact's own copy
-    when the artifact was compiled for exactly this key (another machine's cache, say)."""
+    when the artifact was compiled for exactly this key (another machine's cache, say) and its
+    compiled code is `trusted`: that copy is code the engine runs (pickled functions, C++ libraries
+    it loads), which a crafted artifact could fill with anything; untrusted, the start compiles."""
     parts = components(model_path, config, hw, vllm.engine_name_version(), platform.torch_version())
     key = key_of(parts)
     path = root() / key
     if not (path / KEY_FILE).is_file():
         shipped = Path(model_path) / ARTIFACT_DIR
         staging = root() / f".new-{key}-{time.monotonic_ns()}"
-        if (shipped / KEY_FILE).is_file() and json.loads((shipped / KEY_FILE).read_text()).get("key") == key:
+        matches = (shipped / KEY_FILE).is_file() and json.loads((shipped / KEY_FILE).read_text()).get("key") == key
+        if matches and not trusted:
+            logger.warning("%s: the artifact's compiled code is not loaded, as no job of this home built it; "
+                           "this start compiles (deploy it with --trust-compiled-code to load it)", model_path)
+        if matches and trusted:
             shutil.copytree(shipped, staging)
             _writable(staging)
         else:

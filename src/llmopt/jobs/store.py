@@ -135,6 +135,12 @@ def find_completed(key: str) -> JobRecord | None:
     return None
 
 
+def built_here(artifact: str) -> bool:
+    """Whether a completed job of this home built the artifact at `artifact` (its resolved folder,
+    or the URI it was published to): the compiled code it ships is then this user's own."""
+    return bool(JOBS.select("artifact = ? AND status = ?", (artifact, COMPLETED), limit=1))
+
+
 def _reconcile(record: JobRecord) -> JobRecord:
     if record.status not in ACTIVE:
         return record
