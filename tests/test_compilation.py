@@ -22,6 +22,7 @@ import llmopt
 from llmopt import artifact, endpoints, hashing, paths, serving, sources
 from llmopt.engine import compile_cache, kernels, platform, vllm
 from llmopt.engine.config import EngineConfig
+from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
 from llmopt.jobs import store as jobs_store
 
@@ -126,7 +127,12 @@ def test_a_copied_artifact_loads_its_compiled_code_in_another_home_only_when_tru
     trusted, found = deploy("home-b", "--trust-compiled-code")
     assert trusted.returncode != 0 and "compiled code is not loaded" not in trusted.stderr
     assert shipped <= found, "the entry holds the artifact's saved compiled model"
-    assert not serving.for_target(str(copy)).compiled_code_trusted and serving.for_target(str(compiled.artifact)).compiled_code_trusted
+    # in the home whose job built it, the artifact is trusted wherever its copy lies, as long as it is the same
+    assert serving.for_target(str(compiled.artifact)).compiled_code_trusted and serving.for_target(str(copy)).compiled_code_trusted
+    (copy / "generation_config.json").chmod(0o600)
+    (copy / "generation_config.json").write_text("{}")
+    with pytest.raises(LlmoptError, match="modified after it was built"):
+        serving.for_target(str(copy))
 
 
 def _loose_sockets() -> set[Path]:
@@ -377,13 +383,16 @@ def test_an_artifacts_compiled_code_loads_only_where_trusted(tmp_path: Path, mon
     trusted = compile_cache.entry_for(model, settings, hw, trusted=True)
     assert trusted.compiled_files() == {"inductor/aa/graph.so"}
 
-    assert not jobs_store.built_here(str(model))
+    content = "ab" * 32
+    assert not jobs_store.built_here(content)
     now = time.time()
     jobs_store.claim(jobs_store.JobRecord(name="built-it", source="m", recipe={}, log_path=str(tmp_path / "log"),
                                           output_dir=str(model), created_at=now))
-    assert not jobs_store.built_here(str(model)), "a job still running has built nothing yet"
+    jobs_store.update("built-it", artifact_hash=content)
+    assert not jobs_store.built_here(content), "a job still running has built nothing yet"
     jobs_store.update("built-it", status=jobs_store.COMPLETED, artifact=str(model), ended_at=now)
-    assert jobs_store.built_here(str(model)) and not jobs_store.built_here(str(tmp_path / "elsewhere"))
+    assert jobs_store.built_here(content), "the job's content, wherever its copy is now"
+    assert not jobs_store.built_here("cd" * 32) and not jobs_store.built_here("")
 
 
 def _killed(watch: compile_cache.Watch) -> None:

@@ -25,6 +25,7 @@ class ServingSpec:
     served_name: str
     engine: EngineConfig  # with paths located for model_path
     compiled_code_trusted: bool = False  # an artifact a job of this home built: its compile-cache copy may load
+    is_artifact: bool = False
 
     @property
     def has_chat_template(self) -> bool:
@@ -40,8 +41,8 @@ def for_target(target: str, engine: EngineConfig | None = None) -> ServingSpec:
             raise LlmoptError("an artifact carries its own engine settings", "deploy it without engine flags, or optimize again")
         root = path.resolve()
         manifest = artifact.verify(root)
-        built_here = store.built_here(target if locations.is_uri(target) else str(root))
-        return ServingSpec(str(root), manifest.name, manifest.engine.served_name, manifest.located_engine(root), built_here)
+        return ServingSpec(str(root), manifest.name, manifest.engine.served_name, manifest.located_engine(root),
+                           store.built_here(manifest.content_hash), is_artifact=True)
     model = sources.resolve(target)
     return ServingSpec(model.path, model.id, model.id, engine or EngineConfig())
 
@@ -73,7 +74,8 @@ def deploy(
     return endpoints.launch(spec.model_path, spec.model_label, spec.served_name, spec.engine, name, _verify,
                             port=port, host=host, timeout_s=timeout_s, api_key=api_key, insecure=insecure,
                             trust_remote_code=trust_remote_code, temporary=temporary, chat_template=template,
-                            chat=spec.has_chat_template, compiled_code_trusted=spec.compiled_code_trusted or trust_compiled_code)
+                            chat=spec.has_chat_template,
+                            compiled_code_trusted=spec.compiled_code_trusted or (trust_compiled_code and spec.is_artifact))
 
 
 def _verify(endpoint: Endpoint) -> dict[str, Any]:

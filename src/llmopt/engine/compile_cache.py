@@ -336,7 +336,7 @@ def entry_for(model_path: str | Path, config: EngineConfig, hw: platform.Hardwar
         matches = (shipped / KEY_FILE).is_file() and json.loads((shipped / KEY_FILE).read_text()).get("key") == key
         if matches and not trusted:
             logger.warning("%s: the artifact's compiled code is not loaded, as no job of this home built it; "
-                           "this start compiles (deploy it with --trust-compiled-code to load it)", model_path)
+                           "this start compiles (`llmopt deploy --trust-compiled-code` loads it)", model_path)
         if matches and trusted:
             shutil.copytree(shipped, staging)
             _writable(staging)

@@ -42,7 +42,9 @@ def parse(text: str) -> dict[str, float]:
 
 
 def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: after[k] - before.get(k, 0.0) for k in after}
+    """What the counters counted between two scrapes; nothing where the first found none (a failed
+    scrape): the second's totals since the server started would read as the run's."""
+    return {k: after[k] - before.get(k, 0.0) for k in after} if before else {}
 
 
 class SpeculationStats(BaseModel):

@@ -98,7 +98,8 @@ def create(model: str, recipe: Any, name: str | None = None, output: str | Path 
     if previous is not None:
         now = time.time()
         store.claim(record.model_copy(update={
-            "status": store.COMPLETED, "artifact": previous.artifact, "started_at": now, "ended_at": now,
+            "status": store.COMPLETED, "artifact": previous.artifact, "artifact_hash": previous.artifact_hash,
+            "started_at": now, "ended_at": now,
             "progress": {"reused": store.StepProgress(status="done", fraction=1.0, reused_from=previous.name)}}))
         return Job(name, verdict.warnings, reused_from=previous.name)
     resources = _resources(source, recipe, hardware)

@@ -35,6 +35,7 @@ class JobRecord(BaseModel):
     log_path: str
     output_dir: str | None
     artifact: str | None = None
+    artifact_hash: str | None = None  # the finished artifact's content hash (its manifest's): what `built_here` trusts
     executor: str = "local"  # where the worker runs: one of executors.NAMES
     pid: int | None = None  # the local executor's worker
     pid_create_time: float | None = None
@@ -135,10 +136,10 @@ def find_completed(key: str) -> JobRecord | None:
     return None
 
 
-def built_here(artifact: str) -> bool:
-    """Whether a completed job of this home built the artifact at `artifact` (its resolved folder,
-    or the URI it was published to): the compiled code it ships is then this user's own."""
-    return bool(JOBS.select("artifact = ? AND status = ?", (artifact, COMPLETED), limit=1))
+def built_here(content_hash: str) -> bool:
+    """Whether a completed job of this home built an artifact of exactly this content (wherever its
+    copy is now): the compiled code it ships is then this user's own."""
+    return bool(content_hash) and bool(JOBS.select("artifact_hash = ? AND status = ?", (content_hash, COMPLETED), limit=1))
 
 
 def _reconcile(record: JobRecord) -> JobRecord:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from llmopt import locations, sources
+from llmopt import artifact, locations, sources
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.jobs import pipeline, store
@@ -93,7 +93,8 @@ def run(name: str) -> int:
             with _signals_held():
                 yield
                 if uri is None:
-                    store.update(name, status=store.COMPLETED, artifact=str(output), ended_at=time.time())
+                    store.update(name, status=store.COMPLETED, artifact=str(output),
+                                 artifact_hash=artifact.load(output).content_hash, ended_at=time.time())
 
         def report(step: str, status: str, fraction: float, seconds: float | None) -> None:
             store.set_step(name, step, status, fraction, seconds)
@@ -101,8 +102,8 @@ def run(name: str) -> int:
         pipeline.build(name, key, source, recipe, workdir, output, log, report=report,
                        finalize_guard=finalizing)
         if uri is not None:
-            _publish(output, uri, log, report)
-            store.update(name, status=store.COMPLETED, artifact=uri, ended_at=time.time())
+            published = _publish(output, uri, log, report)
+            store.update(name, status=store.COMPLETED, artifact=uri, artifact_hash=published, ended_at=time.time())
         return 0
     except Stopped:
         _remove_unpublished(output, uri)
@@ -119,13 +120,14 @@ def run(name: str) -> int:
         return 1
 
 
-def _publish(built: Path, uri: str, log: logging.Logger, report: pipeline.StepReporter) -> None:
+def _publish(built: Path, uri: str, log: logging.Logger, report: pipeline.StepReporter) -> str:
     """Copy the finished artifact to its URI, checked there; the local build becomes this machine's
-    copy of it."""
+    copy of it. Returns its content hash."""
     log.info("step publish: start (to %s)", uri)
     started = time.monotonic()
     report(pipeline.PUBLISH, "running", 0.0, None)
-    locations.keep_copy(built, locations.publish(built, uri).content_hash)
+    content_hash = locations.publish(built, uri).content_hash
+    locations.keep_copy(built, content_hash)
     seconds = time.monotonic() - started
     report(pipeline.PUBLISH, "done", 1.0, seconds)
     log.info("step publish: done in %.1f s", seconds)
