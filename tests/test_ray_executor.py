@@ -456,6 +456,7 @@ def test_a_ray_job_builds_what_a_local_job_builds(ray_head: str, baseline: llmop
     manifest = artifact.verify(locations.fetch(uri))
     assert manifest.key == local.artifact_key and [s.name for s in manifest.steps] == ["weights", "measure"]
     assert manifest.content_hash == artifact.load(baseline.artifact).content_hash  # the same weights, bit for bit
+    assert record.artifact_hash == manifest.content_hash  # its compiled code is this home's own, at the URI and in copies
     with llmopt.deploy(uri, name="from-uri") as endpoint:
         assert endpoint.served_name == "ray-baseline" and Path(endpoint.model_path).parent == locations.copies_dir()
         answer = client.chat(endpoint.url, endpoint.served_name, "Answer in one sentence: what is the capital city of France?",

@@ -99,11 +99,11 @@ def run(name: str) -> int:
         def report(step: str, status: str, fraction: float, seconds: float | None) -> None:
             store.set_step(name, step, status, fraction, seconds)
 
-        pipeline.build(name, key, source, recipe, workdir, output, log, report=report,
-                       finalize_guard=finalizing)
+        manifest = pipeline.build(name, key, source, recipe, workdir, output, log, report=report,
+                                  finalize_guard=finalizing)
         if uri is not None:
-            published = _publish(output, uri, log, report)
-            store.update(name, status=store.COMPLETED, artifact=uri, artifact_hash=published, ended_at=time.time())
+            _publish(output, uri, log, report)
+            store.update(name, status=store.COMPLETED, artifact=uri, artifact_hash=manifest.content_hash, ended_at=time.time())
         return 0
     except Stopped:
         _remove_unpublished(output, uri)
@@ -120,14 +120,13 @@ def run(name: str) -> int:
         return 1
 
 
-def _publish(built: Path, uri: str, log: logging.Logger, report: pipeline.StepReporter) -> str:
+def _publish(built: Path, uri: str, log: logging.Logger, report: pipeline.StepReporter) -> None:
     """Copy the finished artifact to its URI, checked there; the local build becomes this machine's
-    copy of it. Returns its content hash."""
+    copy of it."""
     log.info("step publish: start (to %s)", uri)
     started = time.monotonic()
     report(pipeline.PUBLISH, "running", 0.0, None)
-    content_hash = locations.publish(built, uri).content_hash
-    locations.keep_copy(built, content_hash)
+    locations.keep_copy(built, locations.publish(built, uri).content_hash)
     seconds = time.monotonic() - started
     report(pipeline.PUBLISH, "done", 1.0, seconds)
     log.info("step publish: done in %.1f s", seconds)
