@@ -1,10 +1,12 @@
-"""SmoothQuant's int8 layers where vLLM has only oneDNN for them (x86 without AVX-512, float32
-served): vLLM's oneDNN W8A8 (`linear_kernels: vllm`) against torch's weight-only int8 kernel with
-bf16 activations (`linear_kernels: weight_only`, llmopt's default there), beside the float32 source.
+"""SmoothQuant's int8 layers where vLLM has only oneDNN for them (x86 without AVX-512 nor VNNI,
+float32 served): vLLM's oneDNN W8A8 (`linear_kernels: vllm`), torch's weight-only int8 kernel with
+bf16 activations (`linear_kernels: weight_only`), and llmopt's AVX2 W8A8 kernel (`linear_kernels:
+llmopt`, llmopt's default there where it is built), beside the float32 source.
 
 Without VNNI, oneDNN sums pairs of int8 products in 16 bits, which saturate, and its int8 products
 stream 0.3-1.6 GB/s of weights (`linear_kernels.py`). The weight-only kernel reads the same int8
-weights and per-channel scales and keeps the activations in bf16.
+weights and per-channel scales and keeps the activations in bf16; llmopt's quantizes them per row
+as vLLM's W8A8 does and multiplies in exact 32-bit sums of 16-bit products (`avx2_int8_linear`).
 
 One SmoothQuant artifact of SmolLM2-135M (the suite's quick recipe: round-to-nearest weights from
 8 calibration samples, the lm_head in INT8 too; built or reused by key), served with each kernel,
@@ -13,7 +15,7 @@ output token of fixed-length requests (16 tokens in, 128 out, end-of-sequence ig
 first round the perplexity of the built-in held-out text served. Writes
 benchmarks/results/int8_weight_only.json (or --out).
 
-    .venv/bin/python benchmarks/int8_weight_only.py [--rounds N] [--out NAME.json]
+    .venv/bin/python benchmarks/int8_weight_only.py [--rounds N] [--rows KERNEL ...] [--out NAME.json]
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ RECIPE = {"name": "smoothquant-quick", "quantization": {
     "method": "smoothquant", "weights": "rtn", "calibration": {"samples": 8, "sequence_length": 128}, "ignore": [],
     "max_perplexity_increase": 0.08}}
 CASES = {"batch 1": (1, 6), "batch 8": (8, 16)}  # concurrency, requests
+KERNELS = {"SmoothQuant, oneDNN W8A8": "vllm", "SmoothQuant, weight-only int8": "weight_only",
+           "SmoothQuant, llmopt AVX2 W8A8": "llmopt"}  # row: linear_kernels
 RESULTS = Path(__file__).parent / "results" / "int8_weight_only.json"
 
 
@@ -57,6 +61,8 @@ def measure(spec: serving.ServingSpec, quality: bool) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="serve and measure every row this many times, in turn")
+    parser.add_argument("--rows", nargs="+", choices=[*KERNELS.values(), "all"], default=["all"],
+                        help="the linear kernels of the SmoothQuant rows served beside the float32 source (oneDNN's, vllm, is slow: about 4 min a round)")
     parser.add_argument("--out", default=RESULTS.name, help="the results file's name in results/")
     args = parser.parse_args()
     hardware = platform.detect()
@@ -64,9 +70,10 @@ def main() -> None:
     if job.artifact is None:
         raise SystemExit(f"job {job.name} ended {job.status}: {job.record.failure_reason}")
     quantized = serving.for_target(str(job.artifact))
-    rows = {"float32 source": serving.for_target(MODEL, EngineConfig()),
-            "SmoothQuant, oneDNN W8A8": replace(quantized, engine=quantized.engine.model_copy(update={"linear_kernels": "vllm"})),
-            "SmoothQuant, weight-only int8": replace(quantized, engine=quantized.engine.model_copy(update={"linear_kernels": "weight_only"}))}
+    rows = {"float32 source": serving.for_target(MODEL, EngineConfig())}
+    for label, kernel in KERNELS.items():
+        if kernel in args.rows or "all" in args.rows:
+            rows[label] = replace(quantized, engine=quantized.engine.model_copy(update={"linear_kernels": kernel}))
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in rows}
     for round_ in range(1, args.rounds + 1):
         for label, spec in rows.items():

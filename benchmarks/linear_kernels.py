@@ -4,8 +4,8 @@ gives every layer without AMX) against its packed-weight kernels (`weight_packed
 and llmopt's small-batch kernels over the same packed weights (`small_batch_linear` for bf16,
 `small_batch_int8_linear` for int8; built if they are not yet), which stand in for vLLM's up to 64
 rows and at 5 to 32. `--out NAME` writes results/NAME instead.
-On x86 without AVX-512 (float32 served, no packed kernels), it compares what runs there instead
-(`avx2` below) and writes results/linear_kernels_avx2.json.
+On x86 without AVX-512 (float32 served, no packed kernels), it compares what runs there instead,
+llmopt's AVX2 W8A8 kernel among them (`avx2` below), and writes results/linear_kernels_avx2.json.
 
 Weights are cold, as in a decode step that streams the whole model: each shape gets enough
 distinct weight copies to fill 300 MB (ten times this machine's last-level cache) and the copies
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from llmopt.engine import kernels, platform, small_batch_int8_linear, small_batch_linear, vllm
+from llmopt.engine import avx2_int8_linear, kernels, platform, small_batch_int8_linear, small_batch_linear, vllm
 from llmopt.engine.config import EngineConfig
 
 SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576), "down_proj": (576, 1536),
@@ -165,7 +165,9 @@ def avx2(m: int, n: int, k: int) -> dict[str, float]:
     """Without AVX-512 (vLLM's AVX2 build, float32 served): float32 `F.linear` (an unquantized layer),
     vLLM's oneDNN W8A8 (a SmoothQuant layer: per-channel weights, per-token dynamic activations) and
     torch's weight-only int8 kernel (`_weight_int8pack_mm`, gpt-fast's int8), whose vectorized path
-    takes bf16 activations: cast from float32 and back, as a float32 model would call it."""
+    takes bf16 activations: cast from float32 and back, as a float32 model would call it; and
+    llmopt's AVX2 W8A8 kernel (`avx2_int8_linear`, the same W8A8 product as oneDNN's), over its
+    packed copies of the same weights."""
     from vllm import _custom_ops as ops
 
     fp32_copies, int8_copies = max(1, int(COLD_BYTES // (n * k * 4))), max(1, int(COLD_BYTES // (n * k)))
@@ -177,6 +179,8 @@ def avx2(m: int, n: int, k: int) -> dict[str, float]:
     x = torch.randn(m, k)
     handlers = [ops.create_onednn_scaled_mm(w.t(), s, torch.float32, True, False, 32) for w, s in zip(weights, scales)]
     bf16_scales = [s.squeeze(1).to(torch.bfloat16) for s in scales]
+    packed = [avx2_int8_linear.pack(w) for w in weights]
+    padded_scales = [avx2_int8_linear.padded(s) for s in scales]
 
     def onednn(i: int) -> torch.Tensor:
         return onednn_int8(handlers[i], x, n)
@@ -184,34 +188,41 @@ def avx2(m: int, n: int, k: int) -> dict[str, float]:
     def weight_only(i: int) -> torch.Tensor:
         return torch._weight_int8pack_mm(x.to(torch.bfloat16), weights[i], bf16_scales[i]).float()
 
+    def llmopt(i: int) -> torch.Tensor:
+        return torch.ops.llmopt.avx2_int8_linear(x, packed[i], padded_scales[i], None, n)
+
     ref = x @ (weights[0].float() * scales[0]).t()
     return {"fp32_s": _time(lambda i: torch.nn.functional.linear(x, floats[i]), fp32_copies),
             "onednn_s": _time(onednn, int8_copies), "weight_only_s": _time(weight_only, int8_copies),
-            "onednn_error": _error(onednn(0), ref), "weight_only_error": _error(weight_only(0), ref), "weight_bytes": n * k}
+            "llmopt_s": _time(llmopt, int8_copies), "onednn_error": _error(onednn(0), ref),
+            "weight_only_error": _error(weight_only(0), ref), "llmopt_error": _error(llmopt(0), ref), "weight_bytes": n * k}
 
 
 def avx2_rows() -> list[dict]:
     """Every layer shape and a whole decode step's linear layers (30 of each layer, one lm_head) at
-    1, 8 and 16 rows, each kernel's time and the weight bytes it streamed per second."""
-    kinds = ("fp32", "onednn", "weight_only")
+    1, 8 and 16 rows, and a prefill chunk of 256, each kernel's time and the weight bytes it
+    streamed per second."""
+    kernels.load(kernels.build(kernels.AVX2))
+    kinds = ("fp32", "onednn", "weight_only", "llmopt")
     rows = []
     print(f"{'rows':>4} {'layer':<13} {'float32 us':>11} {'GB/s':>6} {'oneDNN W8A8 us':>15} {'GB/s':>6} "
-          f"{'int8 weight-only us':>20} {'GB/s':>6}")
-    for m in (1, 8, 16):
+          f"{'int8 weight-only us':>20} {'GB/s':>6} {'llmopt AVX2 W8A8 us':>20} {'GB/s':>6}")
+    for m in (1, 8, 16, 256):
         step = dict.fromkeys(kinds, 0.0)
         for layer, (n, k) in SHAPES.items():
             row = {"dtype": "avx2", "rows": m, "layer": layer, "n": n, "k": k, **avx2(m, n, k)}
             rows.append(row)
             for kind in kinds:
                 step[kind] += row[f"{kind}_s"] * (1 if layer == "lm_head" else 30)
-            widths = {"fp32": 4, "onednn": 1, "weight_only": 1}
+            widths = {"fp32": 4, "onednn": 1, "weight_only": 1, "llmopt": 1}
             cells = [f"{row[f'{kind}_s'] * 1e6:>{w}.1f} {row['weight_bytes'] * widths[kind] / row[f'{kind}_s'] / 1e9:>6.1f}"
-                     for kind, w in zip(kinds, (11, 15, 20))]
+                     for kind, w in zip(kinds, (11, 15, 20, 20))]
             print(f"{m:>4} {layer:<13} {' '.join(cells)}", flush=True)
         rows.append({"dtype": "avx2", "rows": m, "layer": "a decode step", **{f"{kind}_s": step[kind] for kind in kinds}})
         print(f"{m:>4} a decode step: float32 {step['fp32'] * 1e3:.2f} ms, oneDNN W8A8 {step['onednn'] * 1e3:.2f} ms "
               f"({step['fp32'] / step['onednn']:.2f}x float32), int8 weight-only {step['weight_only'] * 1e3:.2f} ms "
-              f"({step['fp32'] / step['weight_only']:.2f}x float32)", flush=True)
+              f"({step['fp32'] / step['weight_only']:.2f}x float32), llmopt AVX2 W8A8 {step['llmopt'] * 1e3:.2f} ms "
+              f"({step['fp32'] / step['llmopt']:.2f}x float32)", flush=True)
     return rows
 
 

@@ -52,12 +52,13 @@ if [ "$test_tools" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || apt_install chromium
 fi
 
-# llmopt's kernels (small-batch linear, prefill attention), where they are the engine's choice (AVX-512
-# BF16 without AMX): built once with the machine's C++ compiler (g++ from Debian where there is none)
-# against the installed torch, into .venv/lib/llmopt-kernels/, and kept once they agree with vLLM's.
-if .venv/bin/python -c "from llmopt.engine import platform as p; raise SystemExit(not p.llmopt_kernels_apply(p.detect()))"; then
+# llmopt's kernels, where they are the engine's choice: small-batch linear and prefill attention on
+# AVX-512 BF16 without AMX, the W8A8 linear layer on x86 with AVX2 and neither AVX-512 nor VNNI.
+# Built once with the machine's C++ compiler (g++ from Debian where there is none) against the
+# installed torch, into .venv/lib/llmopt-kernels/, and kept once they agree with what they stand in for.
+if .venv/bin/python -c "from llmopt.engine import platform as p; hw = p.detect(); raise SystemExit(not (p.llmopt_kernels_apply(hw) or p.avx2_int8_applies(hw)))"; then
   command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || apt_install g++
-  .venv/bin/python -c "from llmopt.engine import kernels as k; print('llmopt kernels built:', k.build().name)" ||
-    echo "install.sh: llmopt's kernels did not build; engines use vLLM's packed linear kernels and vLLM's attention" >&2
+  .venv/bin/python -c "from llmopt.engine import kernels as k, platform as p; print('llmopt kernels built:', k.build(p.kernel_library(p.detect())).name)" ||
+    echo "install.sh: llmopt's kernels did not build; engines use vLLM's kernels (torch's weight-only int8 on AVX2)" >&2
 fi
 .venv/bin/python -c "import vllm, llmopt.techniques.quantization as q; q.load_llmcompressor(); print('llmopt ready: vllm', vllm.__version__, '| llm-compressor 0.12.0.2')"

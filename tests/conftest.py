@@ -42,12 +42,15 @@ from llmopt.executors import ray as ray_executor  # noqa: E402
 # a smaller KV cache, which the compile cache's key leaves out
 SMALL_ENGINE = EngineConfig(kv_cache_gib=1)
 VNNI = platform.detect().has_vnni
+# SmoothQuant pays here: VNNI sums its int8 products, or llmopt's AVX2 W8A8 kernel does without it
+INT8_FAST = VNNI or platform.avx2_int8_applies(platform.detect())
 # SmoothQuant that quantizes in seconds (round-to-nearest weights, 8 samples), the lm_head too: the
 # retried job after a kill builds the artifact test_quantization's lm_head scheme reuses, and the job
 # refused for its budget shares its weights and compiled code (the budget is in neither key). It
 # landed at +2.6% (GPTQ weights: +1.0%); the suite allows 5% where the built-in budget is 3%. On an
-# AVX2 Zen 3 EPYC, served through torch's weight-only int8 kernel (linear_kernels 'weight_only'),
-# +0.82%; through vLLM's oneDNN int8 there, whose 16-bit sums saturate without VNNI, it was +5.2%.
+# AVX2 Zen 3 EPYC, served through llmopt's AVX2 W8A8 kernel (the default there), +1.94%; through
+# torch's weight-only int8 kernel (bf16 activations, not quantized) +0.82-1.01%; through vLLM's
+# oneDNN int8 there, whose 16-bit sums saturate without VNNI, it was +5.2%.
 QUICK_SMOOTHQUANT = {"method": "smoothquant", "weights": "rtn", "calibration": {"samples": 8, "sequence_length": 128},
                      "ignore": [], "max_perplexity_increase": 0.05}
 # Without VNNI (AVX2 Zen 3 EPYC), the suite's SmoothQuant jobs are the quick recipe itself, its

@@ -266,15 +266,16 @@ def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.
     # and so is the dtype: unset, the machine's choice (float32 on AVX2), as if written
     avx2 = platform.Hardware(cpu_flags=("avx", "avx2"), **cpu)
     assert _key(tmp_path, hw=avx2) == _key(tmp_path, hw=avx2, settings={"dtype": "float32"}) != _key(tmp_path, hw=avx2, settings={"dtype": "bfloat16"})
-    # int8 layers there run torch's weight-only kernel unless told otherwise: a graph traced through
-    # vLLM's oneDNN calls is never loaded for it
-    assert _key(tmp_path, hw=avx2) == _key(tmp_path, hw=avx2, settings={"linear_kernels": "weight_only"}) \
+    # int8 layers there run llmopt's AVX2 kernel (torch's weight-only one where it is not built) unless
+    # told otherwise: a graph traced through vLLM's oneDNN calls, or the other kernel's, is never loaded for it
+    assert _key(tmp_path, hw=avx2) == _key(tmp_path, hw=avx2, settings={"linear_kernels": platform.default_linear_kernels(avx2)}) \
         != _key(tmp_path, hw=avx2, settings={"linear_kernels": "vllm"})
+    assert _key(tmp_path, hw=avx2, settings={"linear_kernels": "weight_only"}) != _key(tmp_path, hw=avx2, settings={"linear_kernels": "llmopt"})
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"}) != _key(tmp_path, hw=no_amx, settings={"linear_kernels": "packed"})
     # and llmopt's is called by its library's schema: another build of it is another entry
     built_here = _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"})
     with monkeypatch.context() as patched:
-        patched.setattr(kernels, "library_path", lambda: Path("llmopt-kernels-0123456789abcdef-torch-vllm.so"))
+        patched.setattr(kernels, "library_path", lambda library=kernels.AVX512: Path("llmopt-kernels-0123456789abcdef-torch-vllm.so"))
         assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": "llmopt"}) != built_here
     # the weights' values are inputs of the compiled graphs: other values, as a quantization with
     # other calibration data gives, share the entry (a file that is no safetensors counts by content)

@@ -11,21 +11,21 @@ import llmopt
 from llmopt import endpoints, procs, recipe
 from llmopt.presentation import format
 
-from conftest import SUITE_SMOOTHQUANT, VNNI, run_cli
+from conftest import INT8_FAST, SUITE_SMOOTHQUANT, run_cli
 
 
 @pytest.mark.engine
 def test_demo_optimizes_and_compares_on_the_real_engine(smol, tmp_path: Path) -> None:
     before = {e.name for e in endpoints.list_endpoints()}
     chosen = llmopt.demo_recipe(smol.id)
-    # SmoothQuant where VNNI sums its int8 products (AVX-512 VNNI and AMX alike); without, it saturates
-    assert chosen.techniques() == ["quantization.smoothquant", "speculative.ngram"][0 if VNNI else 1:]
-    # The same path, minutes less: with VNNI the suite's SmoothQuant recipe (its artifact is shared),
-    # not the default's n-gram sweep; without, the n-gram speculation the demo picks there, unswept
-    # (test_speculative sweeps) and off above one user, which shares the plain model's compiled code
-    # (and is not recommend's n-gram candidate, which its test builds). There the matrix marks
-    # SmoothQuant slow (0.91x float32 at batch 8 on a Zen 3 EPYC, through the weight-only int8 kernel).
-    chosen_here = SUITE_SMOOTHQUANT if VNNI else {"name": "ngram", "speculative": {"method": "ngram", "disable_above_batch": 1}}
+    # SmoothQuant where VNNI sums its int8 products (AVX-512 VNNI and AMX alike) or, on AVX2 alone,
+    # llmopt's AVX2 W8A8 kernel does; elsewhere (AVX-512 without VNNI) oneDNN's saturate
+    assert chosen.techniques() == ["quantization.smoothquant", "speculative.ngram"][0 if INT8_FAST else 1:]
+    # The same path, minutes less: the suite's SmoothQuant recipe (its artifact is shared), not the
+    # default's n-gram sweep; where SmoothQuant does not pay, the n-gram speculation the demo picks
+    # there, unswept (test_speculative sweeps) and off above one user, which shares the plain model's
+    # compiled code (and is not recommend's n-gram candidate, which its test builds).
+    chosen_here = SUITE_SMOOTHQUANT if INT8_FAST else {"name": "ngram", "speculative": {"method": "ngram", "disable_above_batch": 1}}
     recipe_file = tmp_path / "recipe.yaml"
     recipe.save(recipe.parse(chosen_here), recipe_file)
     # at 1 and 2 users, not the README's 1 and 4: a level sends 4 requests per user of the highest, so half as many

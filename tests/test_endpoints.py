@@ -16,7 +16,7 @@ import pytest
 
 import llmopt
 from llmopt import client, endpoints, procs
-from llmopt.engine import attention_calls, kernels, platform, prefill_attention, small_batch_linear, vllm
+from llmopt.engine import attention_calls, avx2_int8_linear, kernels, platform, prefill_attention, small_batch_linear, vllm
 from llmopt.engine.config import CompilationConfig, EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -128,10 +128,11 @@ def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, e
 def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> None:
     """Without AMX, vLLM's packed-weight kernels (the engine's log says so), with llmopt's small-batch
     kernel and prefill attention where they are built (loaded in the engine core, where the model
-    runs); with AMX, vLLM's choice. Its attention layers, on CPU, through llmopt's lean calls."""
+    runs); with AMX, vLLM's choice; on x86 without AVX-512 nor VNNI, llmopt's AVX2 library (its int8
+    kernel) beside vLLM's float layers. Its attention layers, on CPU, through llmopt's lean calls."""
     hw = platform.detect()
     chosen = vllm.linear_kernels(EngineConfig(), hw)
-    packed = chosen in ("packed", "llmopt")
+    packed = chosen in ("packed", "llmopt") and not platform.avx2_int8_applies(hw)
     assert (platform.PACKED_LINEAR_ENV in llmopt.get_endpoint(endpoint.name).environment) == packed
     prompt = "The sea is wide and the sky is blue. " * 8  # a prompt: the attention kernel's first call says so
     httpx.post(f"{endpoint.url}/v1/completions", json={"model": endpoint.served_name, "prompt": prompt, "max_tokens": 2},
@@ -145,8 +146,8 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     core = cores[0]
     mapped = {Path(m.path).name for m in core.memory_maps(grouped=False)}
     attention = vllm.attention_kernel(EngineConfig(), hw)
-    assert (kernels.library_path().name in mapped) == ("llmopt" in (chosen, attention)), (chosen, attention)
-    for line, used in (("small-batch bf16 linear kernel", chosen == "llmopt"), ("bf16 prefill attention kernel", attention == "llmopt"),
+    assert (kernels.library_path(platform.kernel_library(hw)).name in mapped) == ("llmopt" in (chosen, attention)), (chosen, attention)
+    for line, used in (("small-batch bf16 linear kernel", chosen == "llmopt" and packed), ("bf16 prefill attention kernel", attention == "llmopt"),
                        (attention_calls.LINE, hw.device == "cpu")):
         said = [entry for entry in log if line in entry]
         assert len(said) == used and all(entry.startswith("(EngineCore") for entry in said), said
@@ -198,28 +199,33 @@ AVX512 = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512f")
     (AVX512, EngineConfig(attention_kernel="vllm"), True, "llmopt"),
     (AVX512, EngineConfig(linear_kernels="packed", attention_kernel="llmopt"), False, "packed"),
     ((*AVX512, "amx_tile"), EngineConfig(linear_kernels="packed"), False, "packed"),
-    (("avx2",), EngineConfig(), True, "weight_only"),  # no AVX-512: oneDNN's int8 has no VNNI there
+    (("avx2",), EngineConfig(), True, "llmopt"),  # no AVX-512: oneDNN's int8 has no VNNI there, llmopt's AVX2 W8A8
+    (("avx2",), EngineConfig(), False, "weight_only"),  # and where that kernel is not built, torch's weight-only int8
     (("avx2", "avx_vnni"), EngineConfig(), True, "vllm"),  # AVX-VNNI: oneDNN's int8 has it (not measured)
     (("avx2",), EngineConfig(linear_kernels="vllm"), True, "vllm"),
     (AVX512, EngineConfig(linear_kernels="weight_only"), True, "weight_only"),
 ])
 def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], engine: EngineConfig, built: bool,
                                                       expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernels, "built", lambda: built)
-    monkeypatch.setattr(kernels, "build", lambda: Path("/built/kernel.so"))
+    monkeypatch.setattr(kernels, "built", lambda library=kernels.AVX512: built)
+    monkeypatch.setattr(kernels, "build", lambda library=kernels.AVX512: Path(f"/built/{library.prefix}.so"))
     hw = platform.Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=flags, gpu=None)
     assert vllm.linear_kernels(engine, hw) == expected
     env = vllm.environment(engine, hw)
-    assert (platform.PACKED_LINEAR_ENV in env) == (expected in ("packed", "llmopt"))
-    assert (env.get(small_batch_linear.ENV) == "1") == (expected == "llmopt")
+    avx2 = platform.avx2_int8_applies(hw)
+    assert (platform.PACKED_LINEAR_ENV in env) == (expected in ("packed", "llmopt") and not avx2)
+    assert (env.get(small_batch_linear.ENV) == "1") == (expected == "llmopt" and not avx2)
+    assert (env.get(avx2_int8_linear.ENV) == "1") == (expected == "llmopt" and avx2)
     assert (env.get(platform.INT8_WEIGHT_ONLY_ENV) == "1") == (expected == "weight_only")
     attention = vllm.attention_kernel(engine, hw)
     assert attention == (engine.attention_kernel or ("llmopt" if built and platform.llmopt_kernels_apply(hw) else "vllm"))
     assert (env.get(prefill_attention.ENV) == "1") == (attention == "llmopt")
     assert (kernels.LIBRARY_ENV in env) == ("llmopt" in (expected, attention))
+    if kernels.LIBRARY_ENV in env:  # the build for this processor
+        assert env[kernels.LIBRARY_ENV] == f"/built/{platform.kernel_library(hw).prefix}.so"
     image = vllm.image_environment(engine, hw)  # vLLM's own image has none of them
     assert not {platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
-                platform.INT8_WEIGHT_ONLY_ENV} & set(image)
+                platform.INT8_WEIGHT_ONLY_ENV, avx2_int8_linear.ENV} & set(image)
 
 
 @pytest.mark.parametrize("flags, engine, wrapper", [
@@ -260,9 +266,10 @@ def test_the_dtype_is_chosen_from_the_processor(device: str, flags: tuple[str, .
     assert argv[argv.index("--dtype") + 1] == dtype == vllm.engine_kwargs(engine, hw)["dtype"]
 
 
-@pytest.mark.parametrize("choice", ["packed", "llmopt"])
-def test_packed_linear_kernels_where_they_cannot_run_are_refused(choice: str) -> None:
-    hw = platform.Hardware(device="cpu", cpu_model="Old Xeon", cores=2, memory_gib=24, cpu_flags=("avx2",), gpu=None)
+@pytest.mark.parametrize("choice, flags", [("packed", ("avx2",)), ("llmopt", ("avx2", "avx512f"))])
+def test_packed_linear_kernels_where_they_cannot_run_are_refused(choice: str, flags: tuple[str, ...]) -> None:
+    """'llmopt' on AVX2 alone is its AVX2 int8 kernel; on AVX-512 without BF16 and VNNI nothing of llmopt's runs."""
+    hw = platform.Hardware(device="cpu", cpu_model="Old Xeon", cores=2, memory_gib=24, cpu_flags=flags, gpu=None)
     with pytest.raises(LlmoptError, match=f"'{choice}' needs AVX-512 BF16 and VNNI, which this Old Xeon lacks -- leave linear_kernels unset"):
         vllm.environment(EngineConfig(linear_kernels=choice), hw)
 

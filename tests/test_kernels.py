@@ -4,7 +4,8 @@ traced by torch.compile; the prefill attention kernel agrees with vLLM's CPU att
 and is as close to exact attention; the lean attention calls (`attention_calls`) give vLLM's
 backend methods' bits; and the library's build failures are said in one line. The engine tests
 serve every model through them where they are the engine's choice (test_endpoints checks that the
-engine core loaded them)."""
+engine core loaded them). On x86 without AVX-512 nor VNNI, the AVX2 W8A8 kernel computes its
+reference's bits (SmoothQuant's product, exactly)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import sys
 
 import pytest
 
-from llmopt.engine import kernels, platform, prefill_attention, small_batch_int8_linear, small_batch_linear
+from llmopt.engine import avx2_int8_linear, kernels, platform, prefill_attention, small_batch_int8_linear, small_batch_linear
 from llmopt.errors import LlmoptError
 
 HW = platform.detect()
 runs_here = pytest.mark.skipif(not platform.llmopt_kernels_apply(HW), reason="needs AVX-512 BF16 and VNNI, no AMX")
+avx2_here = pytest.mark.skipif("avx2" not in HW.cpu_flags, reason="needs x86 with AVX2")
 
 SAME_BITS = """
 import torch, vllm._C
@@ -186,8 +188,51 @@ def test_the_lean_attention_calls_give_vllms_bits() -> None:
     assert variants >= 5 and checked == variants * 8 * (2 if applies else 1)
 
 
+AVX2_INT8 = """
+import torch
+from llmopt.engine import avx2_int8_linear, kernels
+library = kernels.build(kernels.AVX2)
+checked = avx2_int8_linear.compare(library)
+n, k = 1000, 576  # channels that do not fill a block
+weight = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+packed, scales = avx2_int8_linear.pack(weight), avx2_int8_linear.padded(torch.rand(n) / 100)
+ours = torch.compile(lambda x: torch.ops.llmopt.avx2_int8_linear(x, packed, scales, None, n), dynamic=True)
+for m in (3, 6, 12, 70):
+    x = torch.randn(m, k)
+    assert torch.equal(ours(x), torch.ops.llmopt.avx2_int8_linear(x, packed, scales, None, n))
+print(checked)
+"""
+
+
+@avx2_here
+def test_the_avx2_int8_kernel_computes_the_reference_at_every_batch() -> None:
+    """SmoothQuant's layers without VNNI: the rows quantized as vLLM's dynamic scheme does, exact
+    integer products and the reference's epilogue, bit for bit, for decode steps and prefills alike,
+    and traced by torch.compile as the engine's graph calls it (it builds on any AVX2 processor)."""
+    done = subprocess.run([sys.executable, "-c", AVX2_INT8], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checked = len(avx2_int8_linear.CHECKED_SHAPES) * 2 * len(avx2_int8_linear.CHECKED_ROWS)
+    assert done.stdout.split()[-1] == str(checked)
+
+
+def test_the_avx2_int8_reference_is_smoothquants_product() -> None:
+    """The reference the kernel is held to is the W8A8 product itself: within the rows'
+    quantization step of the float product of the dequantized weights."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randint(-128, 128, (48, 64), dtype=torch.int8, generator=generator)
+    scales, x = torch.rand(48, generator=generator) / 100, torch.randn(5, 64, generator=generator)
+    exact = x.double() @ (weight.double() * scales.double()[:, None]).T
+    step = x.abs().amax(dim=1, keepdim=True).double() / 127  # each row's quantization step
+    bound = step / 2 * (weight.double().abs() * scales.double()[:, None]).sum(dim=1)[None, :]
+    error = (avx2_int8_linear.reference(x, weight, scales, None).double() - exact).abs()
+    assert bool((error <= bound * 1.001 + 1e-6).all())
+    assert not torch.equal(avx2_int8_linear.reference(x, weight, scales, None), (x @ (weight.float() * scales[:, None]).T))
+
+
 def test_a_build_without_a_compiler_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(kernels, "library_path", lambda: tmp_path / "kernel.so")
+    monkeypatch.setattr(kernels, "library_path", lambda library=kernels.AVX512: tmp_path / "kernel.so")
     monkeypatch.setattr(kernels.shutil, "which", lambda name: None)
     monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(LlmoptError, match="need a C.. compiler, and none was found -- install g.. .*set linear_kernels: packed and attention_kernel: vllm"):
@@ -196,7 +241,7 @@ def test_a_build_without_a_compiler_says_what_to_do(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_failed_build_leaves_nothing_and_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(kernels, "library_path", lambda: tmp_path / "kernels" / "kernel.so")
+    monkeypatch.setattr(kernels, "library_path", lambda library=kernels.AVX512: tmp_path / "kernels" / "kernel.so")
     monkeypatch.setenv("CXX", "false")  # a compiler that fails
     with pytest.raises(LlmoptError, match="building llmopt's CPU kernels failed"):
         kernels.build()
@@ -204,7 +249,7 @@ def test_a_failed_build_leaves_nothing_and_says_why(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_compiler_that_is_not_there_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(kernels, "library_path", lambda: tmp_path / "kernels" / "kernel.so")
+    monkeypatch.setattr(kernels, "library_path", lambda library=kernels.AVX512: tmp_path / "kernels" / "kernel.so")
     monkeypatch.setenv("CXX", "ccache no-such-compiler")  # a launcher and a compiler, as CXX may name
     with pytest.raises(LlmoptError, match="building llmopt's CPU kernels failed: .*ccache|no-such") as caught:
         kernels.build()
@@ -213,7 +258,7 @@ def test_a_compiler_that_is_not_there_says_so_in_one_line(monkeypatch: pytest.Mo
 
 @runs_here
 def test_a_library_that_does_not_load_is_not_kept(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(kernels, "library_path", lambda: tmp_path / "kernels" / "kernel.so")
+    monkeypatch.setattr(kernels, "library_path", lambda library=kernels.AVX512: tmp_path / "kernels" / "kernel.so")
     monkeypatch.setenv("CXX", """sh -c 'eval out=\\${$#}; echo not-a-library > "$out"' cc""")  # "builds" a text file
     with pytest.raises(LlmoptError, match="CPU kernels' self-check failed: .*(ELF|header|OSError)") as caught:
         kernels.build()

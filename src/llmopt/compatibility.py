@@ -30,13 +30,16 @@ class Row(BaseModel):
     status: str  # supported | slow (runs, with a warning) | refused | unavailable (not built yet)
     reason: str = ""
     instead: str = ""
-    processors: list[str] | None = None  # CPU flags a row needs, e.g. [amx_int8], or alternatives, "avx_vnni|amx_int8"; unset: any
+    # CPU flags a row needs, e.g. [amx_int8], or alternatives, "avx_vnni|amx_int8", or lacks, "!avx512f"; unset: any
+    processors: list[str] | None = None
 
     def matches(self, technique: str, architecture: str, hardware: Hardware) -> bool:
+        def has(flag: str) -> bool:
+            return flag[1:] not in hardware.cpu_flags if flag.startswith("!") else flag in hardware.cpu_flags
+
         return (self.technique == technique and self.hardware in ("any", hardware.device)
                 and (self.architectures == "any" or architecture in self.architectures)
-                and (self.processors is None
-                     or all(any(flag in hardware.cpu_flags for flag in need.split("|")) for need in self.processors)))
+                and (self.processors is None or all(any(map(has, need.split("|"))) for need in self.processors)))
 
 
 @dataclass

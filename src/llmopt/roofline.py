@@ -111,7 +111,8 @@ def _print_rates(cores: int, window_s: float) -> None:
     fp32 = matmul_gflop_s(torch.float32, n)
     int8: float | None = None
     # without VNNI torch's int8 matmul is a reference loop (0.9 GFLOP/s on a Zen 3 EPYC), nothing like
-    # the engine's oneDNN kernel: no int8 rate, and the bound takes the float one for int8 layers
+    # the engine's int8 kernel (llmopt's AVX2 W8A8, which multiplies at about float32's rate there):
+    # no int8 rate, and the bound takes the float one for int8 layers
     if hw.has_vnni:
         try:
             ai, bi = torch.randint(-8, 8, (n, n), dtype=torch.int8), torch.randint(-8, 8, (n, n), dtype=torch.int8)

@@ -122,7 +122,8 @@ def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardwa
     if hw.device == "cpu":  # the kernels chosen here are ops in the traced graph
         linear = vllm.linear_kernels(config, hw)
         # and llmopt's is called by its library's schema: a changed library compiles anew
-        relevant["linear_kernels"] = f"{linear} {kernels.library_path().name}" if linear == "llmopt" else linear
+        relevant["linear_kernels"] = (f"{linear} {kernels.library_path(platform.kernel_library(hw)).name}"
+                                      if linear == "llmopt" else linear)
     relevant["compilation"]["wrapper"] = vllm.graph_wrapper(config, hw)  # Inductor's generated code differs
     relevant["dtype"] = vllm.dtype(config, hw)
     spec = relevant.get("speculative")

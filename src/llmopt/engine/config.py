@@ -112,10 +112,12 @@ class EngineConfig(_Settings):
         description="On CPU, the kernels of the bf16 and int8 linear layers: 'vllm' as vLLM chooses (oneDNN, or its "
         "packed-weight kernels for small layers on AMX), 'packed' vLLM's packed-weight kernels for every layer whose "
         "shape they take (needs AVX-512 BF16 and VNNI), 'llmopt' the same with llmopt's small-batch kernels for bf16 "
-        "layers at up to 64 rows and int8 ones at 5 to 32 (built with the machine's C++ compiler), 'weight_only' vLLM's for float layers and "
+        "layers at up to 64 rows and int8 ones at 5 to 32 (built with the machine's C++ compiler; on x86 without "
+        "AVX-512 nor VNNI: vLLM's for float layers and llmopt's AVX2 W8A8 kernel for int8 ones at every row count), "
+        "'weight_only' vLLM's for float layers and "
         "torch's weight-only int8 kernel for int8 ones, their activations in bf16 rather than quantized; unset: chosen "
         "from the machine (without AMX, llmopt where its kernel is built, else packed; on x86 without AVX-512 nor "
-        "VNNI, weight_only).",
+        "VNNI, llmopt where its kernel is built, else weight_only).",
     )
     attention_kernel: Literal["vllm", "llmopt"] | None = Field(
         None,

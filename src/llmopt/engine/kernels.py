@@ -9,6 +9,9 @@ vLLM's versions, so a changed source, torch or vLLM builds anew and a deploy can
 whether it exists. A build is kept only once it has loaded beside vLLM and each kernel has agreed
 with vLLM's (`small_batch_linear.compare` and `small_batch_int8_linear.compare`: the same bits; `prefill_attention.compare`: no further
 from attention in float64 than vLLM's, and vLLM's bits for what it hands over). `scripts/install.sh` builds it; a deploy that asks for a kernel builds it first.
+
+On x86 processors with AVX2 and neither AVX-512 nor VNNI a second library (`AVX2`) holds the one
+kernel llmopt has there, the W8A8 linear layer `avx2_int8_linear.cpp`, built and kept the same way.
 """
 
 from __future__ import annotations
@@ -22,31 +25,61 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from llmopt.errors import LlmoptError
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("small_batch_linear.cpp", "small_batch_int8_linear.cpp",
-                                                            "prefill_attention.cpp"))
 LIBRARY_ENV = "LLMOPT_KERNELS"  # the built library's path: the engine core loads it
-PREFIX = "llmopt-kernels-"
 LINEAR_MAX_ROWS = 64  # the most rows the bf16 linear kernel runs itself; more go to vLLM's
 INT8_MIN_ROWS, INT8_MAX_ROWS = 5, 32  # the int8 one's: vLLM's reads each weight once up to 4 rows; past 32 no faster
 ATTENTION_MIN_QUERIES = 16  # a step is the attention kernel's when one of its sequences has this many queries
-FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-         "-mavx512bf16", "-mavx512vnni",
-         "-D_GLIBCXX_USE_CXX11_ABI=1",  # torch's wheels since 2.7; a mismatch fails the build's self-check
-         f"-DLLMOPT_MAX_ROWS={LINEAR_MAX_ROWS}", f"-DLLMOPT_INT8_MIN_ROWS={INT8_MIN_ROWS}", f"-DLLMOPT_INT8_MAX_ROWS={INT8_MAX_ROWS}",
-         f"-DLLMOPT_MIN_QUERIES={ATTENTION_MIN_QUERIES}")
-FALLBACK = "set linear_kernels: packed and attention_kernel: vllm"
-SELF_CHECK = """
+COMMON_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp")
+ABI = "-D_GLIBCXX_USE_CXX11_ABI=1"  # torch's wheels since 2.7; a mismatch fails the build's self-check
+
+
+@dataclass(frozen=True)
+class Library:
+    """One build of kernels: its sources, the compiler flags for the processors it is for, the
+    check a new build passes before it is kept, and what to set instead where it does not build."""
+
+    prefix: str
+    sources: tuple[Path, ...]
+    flags: tuple[str, ...]
+    self_check: str
+    fallback: str
+
+
+AVX512 = Library(
+    prefix="llmopt-kernels-",
+    sources=tuple(Path(__file__).with_name(name) for name in ("small_batch_linear.cpp", "small_batch_int8_linear.cpp",
+                                                              "prefill_attention.cpp")),
+    flags=(*COMMON_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni", ABI,
+           f"-DLLMOPT_MAX_ROWS={LINEAR_MAX_ROWS}", f"-DLLMOPT_INT8_MIN_ROWS={INT8_MIN_ROWS}",
+           f"-DLLMOPT_INT8_MAX_ROWS={INT8_MAX_ROWS}", f"-DLLMOPT_MIN_QUERIES={ATTENTION_MIN_QUERIES}"),
+    self_check="""
 import sys, torch, vllm._C
 from vllm import _custom_ops as ops
 from llmopt.engine import prefill_attention, small_batch_int8_linear, small_batch_linear
 print(small_batch_linear.compare(sys.argv[1], ops.weight_packed_linear_cpu),
       small_batch_int8_linear.compare(sys.argv[1]),
       prefill_attention.compare(sys.argv[1], ops.cpu_attention_with_kv_cache))
-"""
+""",
+    fallback="set linear_kernels: packed and attention_kernel: vllm",
+)
+AVX2 = Library(
+    prefix="llmopt-avx2-kernels-",
+    sources=(Path(__file__).with_name("avx2_int8_linear.cpp"),),
+    # no contraction: the epilogue's multiplies and add are rounded one by one, as the reference's
+    flags=(*COMMON_FLAGS, "-mavx2", "-mfma", "-ffp-contract=off", ABI),
+    self_check="""
+import sys, torch, vllm._custom_ops  # loaded beside vLLM's own CPU library, as in the engine
+from llmopt.engine import avx2_int8_linear
+print(avx2_int8_linear.compare(sys.argv[1]))
+""",
+    fallback="set linear_kernels: weight_only",
+)
 
 
 def _versions() -> str | None:
@@ -64,16 +97,17 @@ def _versions() -> str | None:
     return None
 
 
-def library_path() -> Path:
+def library_path(library: Library = AVX512) -> Path:
     versions = _versions()
     if versions is None:
         raise LlmoptError("llmopt's CPU kernels need torch and vLLM installed", "run `bash scripts/install.sh`")
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
-    return Path(sys.prefix) / "lib" / "llmopt-kernels" / f"{PREFIX}{digest}-{versions}.so"
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in library.sources)
+                            + " ".join(library.flags).encode()).hexdigest()[:16]
+    return Path(sys.prefix) / "lib" / "llmopt-kernels" / f"{library.prefix}{digest}-{versions}.so"
 
 
-def built() -> bool:
-    return _versions() is not None and library_path().is_file()
+def built(library: Library = AVX512) -> bool:
+    return _versions() is not None and library_path(library).is_file()
 
 
 def _torch_dir() -> Path:
@@ -98,48 +132,59 @@ def _run(argv: list[str], what: str, fix: str) -> None:
         raise LlmoptError(f"{what} failed: {_first_error(done.stderr + done.stdout)}", fix)
 
 
-def build() -> Path:
+def build(library: Library = AVX512) -> Path:
     """The built library, compiled now if it is not there yet (about 20 s on two cores), and kept
-    only once it loads beside vLLM and each kernel agrees with the vLLM kernel it stands in for."""
-    target = library_path()
+    only once it loads beside vLLM and each kernel agrees with what it stands in for."""
+    target = library_path(library)
     if target.is_file():
         return target
     compiler = shlex.split(os.environ.get("CXX", ""))
     if not compiler and (found := shutil.which("g++") or shutil.which("c++")):
         compiler = [found]
     if not compiler:
-        raise LlmoptError("llmopt's CPU kernels need a C++ compiler, and none was found", f"install g++ (Debian: apt-get install g++), or {FALLBACK}")
+        raise LlmoptError("llmopt's CPU kernels need a C++ compiler, and none was found",
+                          f"install g++ (Debian: apt-get install g++), or {library.fallback}")
     torch_dir = _torch_dir()
-    fix = f"{FALLBACK}, or report the message"
+    fix = f"{library.fallback}, or report the message"
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         partial = Path(scratch) / target.name
-        _run([*compiler, *FLAGS, f"-I{torch_dir / 'include'}",
-              f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}", *map(str, SOURCES),
+        _run([*compiler, *library.flags, f"-I{torch_dir / 'include'}",
+              f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}", *map(str, library.sources),
               f"-L{torch_dir / 'lib'}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
               "-o", str(partial)], "building llmopt's CPU kernels", fix)
-        _run([sys.executable, "-c", SELF_CHECK, str(partial)], "llmopt's CPU kernels' self-check", fix)
+        _run([sys.executable, "-c", library.self_check, str(partial)], "llmopt's CPU kernels' self-check", fix)
         os.replace(partial, target)  # whole or not at all, whoever else builds it at the same time
-    for stale in target.parent.glob("*.so"):  # other sources, torch or vLLM versions
+    for stale in target.parent.glob(f"{library.prefix}*.so"):  # other sources, torch or vLLM versions
         if stale != target:
             stale.unlink(missing_ok=True)
     return target
 
 
+def _out_shapes() -> dict[str, Callable[..., Any]]:
+    """Each linear op's output as torch.compile traces it: an empty tensor of the product's shape."""
+    return {
+        "small_batch_linear": lambda x, packed, bias, n: x.new_empty((x.shape[0], n)),
+        "small_batch_int8_linear": lambda x, packed, scales, bias: x.new_empty((x.shape[0], packed.shape[0])),
+        "avx2_int8_linear": lambda x, packed, scales, bias, n: x.new_empty((x.shape[0], n)),
+    }
+
+
+_loaded: set[str] = set()  # the libraries loaded in this process, and the ops given a shape function
+
+
 def load(path: str | Path) -> None:
-    """The library's ops in this process (once), with the shape functions torch.compile traces the
+    """A library's ops in this process (once), with the shape functions torch.compile traces the
     linear kernels by (they run inside vLLM's compiled graph; attention runs outside it)."""
     import torch
 
-    if hasattr(torch.ops.llmopt, "small_batch_linear"):
+    path = str(Path(path).resolve())
+    first_op = "avx2_int8_linear" if Path(path).name.startswith(AVX2.prefix) else "small_batch_linear"
+    if path in _loaded or hasattr(torch.ops.llmopt, first_op):  # this build, or another of the same library
         return
-    torch.ops.load_library(str(path))
-
-    @torch.library.register_fake("llmopt::small_batch_linear")
-    def _traced(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-        return x.new_empty((x.shape[0], n))
-
-    @torch.library.register_fake("llmopt::small_batch_int8_linear")
-    def _traced_int8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-                     bias: torch.Tensor | None) -> torch.Tensor:
-        return x.new_empty((x.shape[0], packed.shape[0]))
+    torch.ops.load_library(path)
+    _loaded.add(path)
+    for op, shape in _out_shapes().items():
+        if op not in _loaded and hasattr(torch.ops.llmopt, op):
+            torch.library.register_fake(f"llmopt::{op}")(shape)
+            _loaded.add(op)

@@ -185,6 +185,17 @@ def llmopt_kernels_apply(hw: Hardware) -> bool:
     return packed_linear_supported(hw) and not hw.has_amx
 
 
+def avx2_int8_applies(hw: Hardware) -> bool:
+    """llmopt's AVX2 W8A8 kernel (`avx2_int8_linear`) serves int8 layers on x86 without AVX-512 nor
+    VNNI, where oneDNN's int8 has no fast path."""
+    return hw.x86_without_avx512 and "avx2" in hw.cpu_flags and not hw.has_vnni
+
+
+def kernel_library(hw: Hardware) -> kernels.Library:
+    """The build of llmopt's kernels for this processor."""
+    return kernels.AVX2 if avx2_int8_applies(hw) else kernels.AVX512
+
+
 def default_linear_kernels(hw: Hardware) -> str:
     """Packed-weight kernels on AVX-512 processors without AMX. vLLM takes them only where AMX is,
     and otherwise oneDNN, whose matrix-vector products stream cold weights at 10-25 GB/s on an AMD
@@ -193,11 +204,11 @@ def default_linear_kernels(hw: Hardware) -> str:
     (benchmarks/engine_cpu_settings.py). With them, llmopt's small-batch kernel where it is built
     (`small_batch_linear`): vLLM's packed kernel multiplies 5 rows or more at about the fp32 rate
     there. With AMX, vLLM's own choice was not measured against them and stays. On x86 without
-    AVX-512 nor VNNI, int8 layers through torch's weight-only int8 kernel (`serve._int8_weight_only`):
-    oneDNN's int8 has no fast path there. AVX-VNNI processors (AVX2 with VNNI) keep vLLM's choice:
-    not measured there."""
-    if hw.x86_without_avx512 and not hw.has_vnni:
-        return "weight_only"
+    AVX-512 nor VNNI, int8 layers through llmopt's AVX2 W8A8 kernel where it is built, else torch's
+    weight-only int8 kernel (`serve._int8_weight_only`): oneDNN's int8 has no fast path there.
+    AVX-VNNI processors (AVX2 with VNNI) keep vLLM's choice: not measured there."""
+    if avx2_int8_applies(hw):
+        return "llmopt" if kernels.built(kernels.AVX2) else "weight_only"
     if not llmopt_kernels_apply(hw):
         return "vllm"
     return "llmopt" if kernels.built() else "packed"
@@ -235,7 +246,7 @@ def kernels_build(hw: Hardware) -> str:
     calls them: what a measurement depends on, where the kernels' names alone would let a rebuilt
     library (or the other graph wrapper) reuse older figures."""
     chosen = f"{default_linear_kernels(hw)}+{default_attention_kernel(hw)}"
-    built = f"{chosen}:{kernels.library_path().stem}" if "llmopt" in chosen else chosen
+    built = f"{chosen}:{kernels.library_path(kernel_library(hw)).stem}" if "llmopt" in chosen else chosen
     return f"{built} {default_graph_wrapper(hw)}-wrapper"
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from llmopt import paths, procs
-from llmopt.engine import guard, kernels, platform, prefill_attention, small_batch_linear
+from llmopt.engine import avx2_int8_linear, guard, kernels, platform, prefill_attention, small_batch_linear
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -196,10 +196,11 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     reserved = platform.default_reserved_cpus(hw) if config.reserved_cpus is None else config.reserved_cpus
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": str(reserved)}
     linear, attention = linear_kernels(config, hw), attention_kernel(config, hw)
-    if linear in ("packed", "llmopt"):
+    avx2 = platform.avx2_int8_applies(hw)
+    if linear in ("packed", "llmopt") and not avx2:
         env[platform.PACKED_LINEAR_ENV] = "1"
     if linear == "llmopt":
-        env[small_batch_linear.ENV] = "1"
+        env[avx2_int8_linear.ENV if avx2 else small_batch_linear.ENV] = "1"
     if linear == "weight_only":
         env[platform.INT8_WEIGHT_ONLY_ENV] = "1"
     if attention == "llmopt":
@@ -208,7 +209,7 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
         # Inductor's C++ wrapper passes no Python object to an op: vLLM's opaque layer names become strings
         env["VLLM_USE_LAYERNAME"] = "0"
     if "llmopt" in (linear, attention):  # built here if it is not yet, so a failed build is said before any engine starts
-        env[kernels.LIBRARY_ENV] = str(kernels.build())
+        env[kernels.LIBRARY_ENV] = str(kernels.build(platform.kernel_library(hw)))
     libraries = platform.preload_libraries() if config.preload else []
     if libraries:
         env["LD_PRELOAD"] = ":".join(libraries)
@@ -232,6 +233,8 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
 def linear_kernels(config: EngineConfig, hw: platform.Hardware) -> str:
     """The linear kernels an engine runs with on this machine; 'packed' where they cannot run is refused."""
     chosen = config.linear_kernels or platform.default_linear_kernels(hw)
+    if chosen == "llmopt" and platform.avx2_int8_applies(hw):
+        return chosen
     if chosen in ("packed", "llmopt") and not platform.packed_linear_supported(hw):
         raise LlmoptError(f"linear_kernels '{chosen}' needs AVX-512 BF16 and VNNI, which this {hw.cpu_model} lacks",
                           "leave linear_kernels unset or set it to 'vllm'")
