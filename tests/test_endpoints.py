@@ -16,7 +16,8 @@ import pytest
 
 import llmopt
 from llmopt import client, endpoints, procs
-from llmopt.engine import attention_calls, avx2_int8_linear, kernels, platform, prefill_attention, small_batch_linear, vllm
+from llmopt.engine import (attention_calls, avx2_int8_linear, kernels, platform, prefill_attention, small_batch_linear, vllm,
+                           weight_only_int8_linear)
 from llmopt.engine.config import CompilationConfig, EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -216,7 +217,7 @@ def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], en
     assert (platform.PACKED_LINEAR_ENV in env) == (expected in ("packed", "llmopt") and not avx2)
     assert (env.get(small_batch_linear.ENV) == "1") == (expected == "llmopt" and not avx2)
     assert (env.get(avx2_int8_linear.ENV) == "1") == (expected == "llmopt" and avx2)
-    assert (env.get(platform.INT8_WEIGHT_ONLY_ENV) == "1") == (expected == "weight_only")
+    assert (env.get(weight_only_int8_linear.ENV) == "1") == (expected == "weight_only")
     attention = vllm.attention_kernel(engine, hw)
     assert attention == (engine.attention_kernel or ("llmopt" if built and platform.llmopt_kernels_apply(hw) else "vllm"))
     assert (env.get(prefill_attention.ENV) == "1") == (attention == "llmopt")
@@ -225,7 +226,7 @@ def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], en
         assert env[kernels.LIBRARY_ENV] == f"/built/{platform.kernel_library(hw).prefix}.so"
     image = vllm.image_environment(engine, hw)  # vLLM's own image has none of them
     assert not {platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
-                platform.INT8_WEIGHT_ONLY_ENV, avx2_int8_linear.ENV} & set(image)
+                weight_only_int8_linear.ENV, avx2_int8_linear.ENV} & set(image)
 
 
 @pytest.mark.parametrize("flags, engine, wrapper", [

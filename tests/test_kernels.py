@@ -188,8 +188,29 @@ def test_the_lean_attention_calls_give_vllms_bits() -> None:
     assert variants >= 5 and checked == variants * 8 * (2 if applies else 1)
 
 
-AVX2_INT8 = """
+INT8_LAYER = """
 import torch
+from vllm.model_executor.kernels.linear.scaled_mm import Int8ScaledMMLinearLayerConfig, cpu
+
+
+def int8_layer(n, k):
+    \"\"\"An int8 layer as vLLM loads one (two fused parts, each with its scale, and a bias), its weight,
+    and its scales per output channel.\"\"\"
+    layer, weight, parts = torch.nn.Module(), torch.randint(-128, 128, (n, k), dtype=torch.int8), [n - n // 3, n // 3]
+    layer.weight = torch.nn.Parameter(weight.clone(), requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(torch.tensor([[0.01], [0.02]]), requires_grad=False)
+    layer.bias = torch.nn.Parameter(torch.randn(n), requires_grad=False)
+    layer.logical_widths = parts
+    return layer, weight, torch.tensor([0.01] * parts[0] + [0.02] * parts[1])
+
+
+def int8_kernel():
+    \"\"\"vLLM's CPU int8 kernel for a layer of SmoothQuant's scheme (dynamic symmetric per-token inputs).\"\"\"
+    config = Int8ScaledMMLinearLayerConfig(is_static_input_scheme=False, is_channelwise=False, input_symmetric=True)
+    return cpu.CPUInt8ScaledMMLinearKernel(config, ("weight", "weight_scale", "input_scale", "input_zero_point", "azp_adj"))
+"""
+
+AVX2_INT8 = INT8_LAYER + """
 from llmopt.engine import avx2_int8_linear, kernels
 library = kernels.build(kernels.AVX2)
 checked = avx2_int8_linear.compare(library)
@@ -200,6 +221,15 @@ ours = torch.compile(lambda x: torch.ops.llmopt.avx2_int8_linear(x, packed, scal
 for m in (3, 6, 12, 70):
     x = torch.randn(m, k)
     assert torch.equal(ours(x), torch.ops.llmopt.avx2_int8_linear(x, packed, scales, None, n))
+# as the engine's int8 layers call it: a fused layer of two parts, a scale per part, and a bias
+avx2_int8_linear.use(library)
+layer, weight, channelwise = int8_layer(40, 64)
+kernel = int8_kernel()
+kernel.process_weights_after_loading(layer)
+x = torch.randn(2, 3, 64)
+for bias in (layer.bias, torch.randn(40), None):  # its own, padded once at load; another, padded when called
+    expected = avx2_int8_linear.reference(x.reshape(-1, 64), weight, channelwise, bias).reshape(2, 3, 40)
+    assert torch.equal(kernel.apply_weights(layer, x, bias), expected)
 print(checked)
 """
 
@@ -213,6 +243,30 @@ def test_the_avx2_int8_kernel_computes_the_reference_at_every_batch() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     checked = len(avx2_int8_linear.CHECKED_SHAPES) * 2 * len(avx2_int8_linear.CHECKED_ROWS)
     assert done.stdout.split()[-1] == str(checked)
+
+
+WEIGHT_ONLY_INT8 = INT8_LAYER + """
+from llmopt.engine import weight_only_int8_linear
+weight_only_int8_linear.use()
+layer, weight, channelwise = int8_layer(40, 64)
+kernel = int8_kernel()
+kernel.process_weights_after_loading(layer)
+x = torch.randn(2, 3, 64)
+for bias in (layer.bias, None):
+    expected = torch._weight_int8pack_mm(x.reshape(-1, 64).bfloat16(), weight, channelwise.bfloat16()).float()
+    expected = (expected if bias is None else expected + bias).reshape(2, 3, 40)
+    assert torch.equal(kernel.apply_weights(layer, x, bias), expected)
+assert weight_only_int8_linear.takes(None, weight) and not weight_only_int8_linear.takes(None, weight[:, :60])
+print("ok")
+"""
+
+
+def test_int8_layers_run_torchs_weight_only_kernel_where_chosen() -> None:
+    """`linear_kernels: weight_only`: vLLM's int8 layers (fused parts with a scale each, a bias) give
+    torch's weight-only int8 product of their bf16 rows, where vLLM would call oneDNN."""
+    done = subprocess.run([sys.executable, "-c", WEIGHT_ONLY_INT8], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "ok"
 
 
 def test_the_avx2_int8_reference_is_smoothquants_product() -> None:

@@ -13,7 +13,7 @@ import llmopt
 from llmopt import AWQ, FP8, Calibration, KVCache, Recipe, SmoothQuant
 from llmopt import artifact, client, corpus, roofline, sources, techniques
 from llmopt import recipe as recipes
-from llmopt.engine import avx2_int8_linear, platform, vllm
+from llmopt.engine import avx2_int8_linear, platform, vllm, weight_only_int8_linear
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
@@ -26,7 +26,7 @@ from conftest import QUICK_SMOOTHQUANT, SUITE_SMOOTHQUANT, assert_one_line_error
 # where vLLM's oneDNN int8 has no VNNI (x86 without AVX-512), llmopt gives int8 layers its AVX2 W8A8
 # kernel, or torch's weight-only kernel where that is not built
 HW = platform.detect()
-INT8_KERNEL = {"weight_only": platform.INT8_WEIGHT_ONLY_KERNEL, "llmopt": avx2_int8_linear.KERNEL if platform.avx2_int8_applies(HW) else None,
+INT8_KERNEL = {"weight_only": weight_only_int8_linear.KERNEL, "llmopt": avx2_int8_linear.KERNEL if platform.avx2_int8_applies(HW) else None,
                }.get(vllm.linear_kernels(EngineConfig(), HW)) or "CPUInt8ScaledMMLinearKernel"
 SCHEMES = {
     # name: (recipe, the kernel vLLM must pick on CPU, checkpoint format)

@@ -26,8 +26,9 @@ from conftest import SMALL_ENGINE
 
 
 def _copy_heavy_workload(path: Path) -> Path:
-    """The user's own data: edits of a passage, whose answers copy from the prompt (where prompt lookup pays)."""
-    lines = [{"prompt": f"Copy this text out word for word, fixing nothing:\n\n{p.text}", "max_tokens": 128}
+    """The user's own data: edits of a passage, whose answers copy from the prompt (where prompt lookup
+    pays). 64 tokens each: the sweep sends each prompt with and without speculation at both levels."""
+    lines = [{"prompt": f"Copy this text out word for word, fixing nothing:\n\n{p.text}", "max_tokens": 64}
              for p in corpus.passages("heldout")]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmopt.engine import kernels
+from llmopt.engine import int8_layers, kernels
 
 if TYPE_CHECKING:
     import torch
@@ -85,50 +85,31 @@ def compare(path: str | Path) -> int:
     return checked
 
 
-def use(path: str | Path) -> None:
-    """Have vLLM's int8 layers run this kernel in this process, where their activations are
-    quantized per row and symmetrically (SmoothQuant's dynamic scheme) and their input width is even;
-    other int8 layers keep vLLM's oneDNN. Set before the model loads."""
+def takes(config: Any, weight: torch.Tensor) -> bool:
+    """Layers whose activations are quantized per row and symmetrically (SmoothQuant's dynamic
+    scheme) and whose input width is even (the kernel reads the weights in pairs)."""
+    return config.input_symmetric and not config.is_static_input_scheme and weight.shape[1] % 2 == 0
+
+
+def _prepare(layer: torch.nn.Module, weight: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     import torch
-    from vllm.logger import init_logger
-    from vllm.model_executor.kernels.linear.scaled_mm import cpu
-    from vllm.model_executor.layers.quantization.utils import replace_parameter
-    from vllm.model_executor.layers.quantization.utils.w8a8_utils import convert_to_channelwise
 
+    if getattr(layer, "bias", None) is not None:
+        layer.avx2_int8_bias = torch.nn.Parameter(padded(layer.bias.data), requires_grad=False)
+    return pack(weight), padded(scales)
+
+
+def _apply(layer: torch.nn.Module, rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+           bias: torch.Tensor | None, channels: int) -> torch.Tensor:
+    import torch
+
+    if bias is not None:  # the layer's own was padded at load; another is padded here
+        bias = layer.avx2_int8_bias if bias is getattr(layer, "bias", None) else padded(bias)
+    return torch.ops.llmopt.avx2_int8_linear(rows.float(), weight, scales, bias, channels)
+
+
+def use(path: str | Path) -> None:
+    """Have vLLM's int8 layers this kernel `takes` run it in this process; other int8 layers keep
+    vLLM's oneDNN. Set before the model loads."""
     kernels.load(path)
-    logger = init_logger("vllm.llmopt")
-    kernel = cpu.CPUInt8ScaledMMLinearKernel
-    vllms_process, vllms_apply = kernel.process_weights_after_loading, kernel.apply_weights
-
-    def process_weights_after_loading(self: Any, layer: torch.nn.Module) -> None:
-        w_q_name, w_s_name = self.layer_param_names[:2]
-        weight = getattr(layer, w_q_name)
-        self.avx2_int8 = (self.config.input_symmetric and not self.config.is_static_input_scheme
-                          and weight.shape[1] % 2 == 0)
-        if not self.avx2_int8:
-            vllms_process(self, layer)
-            return
-        # in vLLM's words for its kernel choice, after vLLM's own line: a job's measurement records it
-        logger.info_once("llmopt: int8 layers: Using %s for %s", KERNEL, type(getattr(layer, "scheme", self)).__name__)
-        weight_scale = getattr(layer, w_s_name)
-        if not self.config.is_channelwise:  # a scale per tensor (per part of a fused one): one per output channel
-            weight_scale = convert_to_channelwise(weight_scale, layer.logical_widths)
-        self.avx2_int8_channels = weight.shape[0]
-        replace_parameter(layer, w_q_name, torch.nn.Parameter(pack(weight.data), requires_grad=False))
-        replace_parameter(layer, w_s_name, torch.nn.Parameter(padded(weight_scale.data), requires_grad=False))
-        if getattr(layer, "bias", None) is not None:
-            layer.avx2_int8_bias = torch.nn.Parameter(padded(layer.bias.data), requires_grad=False)
-
-    def apply_weights(self: Any, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.avx2_int8:
-            return vllms_apply(self, layer, x, bias)
-        w_q_name, w_s_name = self.layer_param_names[:2]
-        n = self.avx2_int8_channels
-        rows = x.reshape(-1, x.shape[-1]).float()
-        if bias is not None:
-            bias = layer.avx2_int8_bias if bias is getattr(layer, "bias", None) else padded(bias)
-        out = torch.ops.llmopt.avx2_int8_linear(rows, getattr(layer, w_q_name), getattr(layer, w_s_name), bias, n)
-        return out.to(x.dtype).reshape(*x.shape[:-1], n)
-
-    kernel.process_weights_after_loading = process_weights_after_loading
-    kernel.apply_weights = apply_weights
+    int8_layers.replace(int8_layers.Replacement(KERNEL, "int8 layers", takes, _prepare, _apply))

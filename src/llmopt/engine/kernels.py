@@ -170,7 +170,8 @@ def _out_shapes() -> dict[str, Callable[..., Any]]:
     }
 
 
-_loaded: set[str] = set()  # the libraries loaded in this process, and the ops given a shape function
+_loaded: set[str] = set()  # the libraries loaded in this process
+_shaped: set[str] = set()  # the ops given a shape function in this process
 
 
 def load(path: str | Path) -> None:
@@ -185,6 +186,6 @@ def load(path: str | Path) -> None:
     torch.ops.load_library(path)
     _loaded.add(path)
     for op, shape in _out_shapes().items():
-        if op not in _loaded and hasattr(torch.ops.llmopt, op):
+        if op not in _shaped and hasattr(torch.ops.llmopt, op):
             torch.library.register_fake(f"llmopt::{op}")(shape)
-            _loaded.add(op)
+            _shaped.add(op)

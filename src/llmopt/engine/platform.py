@@ -22,8 +22,6 @@ from llmopt import names
 from llmopt.engine import kernels
 
 PACKED_LINEAR_ENV = "LLMOPT_PACKED_LINEAR"  # set: llmopt's server module gives linear layers vLLM's packed kernels
-INT8_WEIGHT_ONLY_ENV = "LLMOPT_INT8_WEIGHT_ONLY"  # set: int8 layers run torch's weight-only int8 kernel
-INT8_WEIGHT_ONLY_KERNEL = "TorchInt8WeightOnlyKernel"  # its name in the engine's log, where vLLM names its kernels
 INDUCTOR_KERNELS_ENV = "LLMOPT_INDUCTOR_KERNELS"  # a folder: the server shares Inductor's compiled C++ kernels there
 KERNEL_REUSED_LINE = "llmopt: Inductor's C++ kernel reused from an earlier compile"  # the server logs one a kernel
 MODEL_INFOS_ENV = "LLMOPT_MODEL_INFOS"  # a folder: the server keeps vLLM's model-class facts there, for every entry
@@ -205,7 +203,7 @@ def default_linear_kernels(hw: Hardware) -> str:
     (`small_batch_linear`): vLLM's packed kernel multiplies 5 rows or more at about the fp32 rate
     there. With AMX, vLLM's own choice was not measured against them and stays. On x86 without
     AVX-512 nor VNNI, int8 layers through llmopt's AVX2 W8A8 kernel where it is built, else torch's
-    weight-only int8 kernel (`serve._int8_weight_only`): oneDNN's int8 has no fast path there.
+    weight-only int8 kernel (`weight_only_int8_linear`): oneDNN's int8 has no fast path there.
     AVX-VNNI processors (AVX2 with VNNI) keep vLLM's choice: not measured there."""
     if avx2_int8_applies(hw):
         return "llmopt" if kernels.built(kernels.AVX2) else "weight_only"

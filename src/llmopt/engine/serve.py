@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from llmopt.engine import (attention_calls, avx2_int8_linear, kernels, prefill_attention, small_batch_int8_linear,
-                           small_batch_linear)
-from llmopt.engine.platform import (INDUCTOR_KERNELS_ENV, INT8_WEIGHT_ONLY_ENV, INT8_WEIGHT_ONLY_KERNEL, KERNEL_REUSED_LINE,
+                           small_batch_linear, weight_only_int8_linear)
+from llmopt.engine.platform import (INDUCTOR_KERNELS_ENV, KERNEL_REUSED_LINE,
                                    MODEL_INFOS_ENV, PACKED_LINEAR_ENV, SHORT_WARM_UP_LINE, SPAWNED_CORE_ENV,
                                    VLLM_ATTENTION_CALLS_ENV)
 
@@ -155,53 +155,6 @@ def _packed_linear_kernels() -> None:
 
     utils.check_cpu_sgl_kernel = packed
     cpu.check_cpu_sgl_kernel = packed  # imported by name there
-
-
-def _int8_weight_only() -> None:
-    """int8 layers (SmoothQuant's W8A8) through torch's weight-only int8 kernel, their activations
-    in bf16 instead of quantized to int8: where vLLM has only oneDNN for them and the processor has
-    no VNNI (x86 without AVX-512 or AVX-VNNI), its int8 products stream 0.3-1.6 GB/s of weights,
-    0.35x float32's linear layers at one row, against 2.43x for this kernel
-    (`benchmarks/linear_kernels.py`). Layers whose input width the kernel does not take keep vLLM's."""
-    import torch
-    from vllm.logger import init_logger
-    from vllm.model_executor.kernels.linear.scaled_mm import cpu
-    from vllm.model_executor.layers.quantization.utils import replace_parameter
-    from vllm.model_executor.layers.quantization.utils.w8a8_utils import convert_to_channelwise
-
-    logger = init_logger("vllm.llmopt")
-    kernel = cpu.CPUInt8ScaledMMLinearKernel
-    vllms_process, vllms_apply = kernel.process_weights_after_loading, kernel.apply_weights
-
-    def process_weights_after_loading(self: Any, layer: torch.nn.Module) -> None:
-        w_q_name, w_s_name = self.layer_param_names[:2]
-        weight = getattr(layer, w_q_name)
-        # torch's kernel reads each row of weights in blocks of 8: other widths came out wrong, or crashed
-        self.weight_only = weight.shape[1] % 8 == 0
-        if not self.weight_only:
-            vllms_process(self, layer)
-            return
-        # in vLLM's words for its kernel choice, logged after vLLM's own line, so a job's measurement
-        # records this one (`vllm.logged_linear_kernels` keeps a layer type's last)
-        logger.info_once("llmopt: int8 layers with bf16 activations: Using %s for %s", INT8_WEIGHT_ONLY_KERNEL,
-                         type(getattr(layer, "scheme", self)).__name__)
-        weight_scale = getattr(layer, w_s_name)
-        if not self.config.is_channelwise:  # a scale per tensor (per part of a fused one): one per output channel
-            weight_scale = convert_to_channelwise(weight_scale, layer.logical_widths)
-        replace_parameter(layer, w_q_name, torch.nn.Parameter(weight.data.contiguous(), requires_grad=False))
-        replace_parameter(layer, w_s_name, torch.nn.Parameter(weight_scale.data.reshape(-1).to(torch.bfloat16), requires_grad=False))
-
-    def apply_weights(self: Any, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.weight_only:
-            return vllms_apply(self, layer, x, bias)
-        w_q_name, w_s_name = self.layer_param_names[:2]
-        weight = getattr(layer, w_q_name)
-        out = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), weight, getattr(layer, w_s_name))
-        out = out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
-        return out if bias is None else out + bias
-
-    kernel.process_weights_after_loading = process_weights_after_loading
-    kernel.apply_weights = apply_weights
 
 
 def _forked_engine_core() -> None:
@@ -359,8 +312,8 @@ def kernels_from_environment() -> None:
         if library and os.environ.get(small_batch_linear.ENV) == "1":
             small_batch_linear.use(library)
             small_batch_int8_linear.use(library)
-    if os.environ.get(INT8_WEIGHT_ONLY_ENV) == "1":
-        _int8_weight_only()
+    if os.environ.get(weight_only_int8_linear.ENV) == "1":
+        weight_only_int8_linear.use()
     if library and os.environ.get(avx2_int8_linear.ENV) == "1":
         avx2_int8_linear.use(library)
     if library and os.environ.get(prefill_attention.ENV) == "1":

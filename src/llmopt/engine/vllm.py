@@ -27,7 +27,8 @@ from pathlib import Path
 import httpx
 
 from llmopt import paths, procs
-from llmopt.engine import avx2_int8_linear, guard, kernels, platform, prefill_attention, small_batch_linear
+from llmopt.engine import (avx2_int8_linear, guard, kernels, platform, prefill_attention, small_batch_linear,
+                           weight_only_int8_linear)
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -202,7 +203,7 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     if linear == "llmopt":
         env[avx2_int8_linear.ENV if avx2 else small_batch_linear.ENV] = "1"
     if linear == "weight_only":
-        env[platform.INT8_WEIGHT_ONLY_ENV] = "1"
+        env[weight_only_int8_linear.ENV] = "1"
     if attention == "llmopt":
         env[prefill_attention.ENV] = "1"
     if graph_wrapper(config, hw) == "cpp":
