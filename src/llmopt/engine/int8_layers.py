@@ -1,8 +1,8 @@
 """vLLM's CPU int8 layers (`CPUInt8ScaledMMLinearKernel`: SmoothQuant's W8A8 layers, an INT8
 `lm_head`) handed to a kernel of llmopt's choosing in this process, where vLLM has only oneDNN for
 them and oneDNN has no fast path (x86 without VNNI): llmopt's AVX2 W8A8 kernel
-(`avx2_int8_linear`) or torch's weight-only int8 kernel (`serve`). Layers the replacement does not
-take keep vLLM's. Set before the model loads.
+(`avx2_int8_linear`) or torch's weight-only int8 kernel (`weight_only_int8_linear`). Layers the
+replacement does not take keep vLLM's. Set before the model loads.
 """
 
 from __future__ import annotations
