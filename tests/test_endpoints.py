@@ -17,7 +17,7 @@ import pytest
 import llmopt
 from llmopt import client, endpoints, procs
 from llmopt.engine import (attention_calls, avx2_int8_linear, kernels, platform, prefill_attention, small_batch_linear, vllm,
-                           weight_only_int8_linear)
+                           weight_only_int8_linear, zygote)
 from llmopt.engine.config import CompilationConfig, EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -170,6 +170,26 @@ def test_the_engine_core_is_forked_from_the_server(endpoint) -> None:
     # and its main thread may run where the server's may: Intel OpenMP pins a forked child's to the
     # first core, and numba (n-gram speculation) sized itself from that and set the model to one thread
     assert os.sched_getaffinity(core.pid) == os.sched_getaffinity(server.pid)
+
+
+@pytest.mark.engine
+def test_a_later_start_is_forked_from_the_zygote_and_answers_as_a_spawned_one(endpoint, smol, monkeypatch) -> None:
+    """This process started the session's endpoint, so its zygote has imported vLLM's server: a
+    later start here is forked from it and skips the imports, and serves what a spawned one does."""
+    question = "Name three colours of the rainbow."
+    with llmopt.deploy(smol.id, name="forked", engine=SMALL_ENGINE) as forked:
+        server = psutil.Process(forked.pid)
+        assert server.parent().cmdline()[1:4] == ["-m", zygote.__name__, zygote.SERVER_MODULE]
+        assert server.cmdline()[1:3] == ["-m", zygote.SERVER_MODULE]  # what `ps` shows: the command a spawned one runs
+        assert forked.start.outcome == "precompiled"
+        forked_imports = forked.start.phases["server process and imports"]
+        said = client.chat(forked.url, forked.served_name, question, max_tokens=32).text
+    monkeypatch.setenv(zygote.OFF_ENV, "1")
+    with llmopt.deploy(smol.id, name="spawned", engine=SMALL_ENGINE) as spawned:
+        assert psutil.Process(spawned.pid).parent().pid == os.getpid()
+        assert spawned.start.outcome == "precompiled"
+        assert forked_imports + 5 < spawned.start.phases["server process and imports"]
+        assert client.chat(spawned.url, spawned.served_name, question, max_tokens=32).text == said
 
 
 def test_a_forked_engine_core_gets_the_inductor_options_a_spawned_one_reads_at_import() -> None:

@@ -28,7 +28,7 @@ import httpx
 
 from llmopt import paths, procs
 from llmopt.engine import (avx2_int8_linear, guard, kernels, platform, prefill_attention, small_batch_linear,
-                           weight_only_int8_linear)
+                           weight_only_int8_linear, zygote)
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -471,7 +471,7 @@ class ServerProcess:
         )
 
     def stop(self, grace_s: float = 20.0) -> None:
-        if self.popen is not None and os.getpgid(0) == _pgid(self.pid):
+        if os.getpgid(0) == _pgid(self.pid):  # started in our group (a job's engine): not the group, only it
             procs.stop_tree(self.pid, self.create_time, grace_s)
         else:
             procs.stop_group(self.pid, self.create_time, grace_s)
@@ -493,18 +493,21 @@ def start_server(argv: list[str], env: dict[str, str], log_path: Path, host: str
     but not its log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sockets = socket_folder()
+    full_env = {**os.environ, **env, SOCKETS_ENV: str(sockets), **(secret_env or {})}
     with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         log.write(f"$ {shell_command(argv, env)}\n".encode())
         log.flush()
-        popen = subprocess.Popen(
+        pid = zygote.start(argv, full_env, log_path, own_session, dies_with_caller) if zygote.forks(argv) else None
+        popen = None if pid is not None else subprocess.Popen(
             procs.dying_with_caller(argv) if dies_with_caller else argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **env, SOCKETS_ENV: str(sockets), **(secret_env or {})},
+            env=full_env,
             start_new_session=own_session,
         )
-    server = ServerProcess(popen.pid, procs.create_time(popen.pid), host, port, log_path, popen, sockets)
+    pid = pid if popen is None else popen.pid
+    server = ServerProcess(pid, procs.create_time(pid), host, port, log_path, popen, sockets)
     (sockets / SOCKETS_OWNER).write_text(f"{server.pid} {server.create_time}")
     return server
 

@@ -1,0 +1,139 @@
+"""Servers forked from a zygote that imported once (`engine/zygote.py`), driven with a stand-in
+server module: each run gets the start's argv, environment, folder and log, its session or the
+caller's group, and ends with its caller only when asked to. The engine tier forks real vLLM
+servers this way (test_endpoints)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from llmopt.engine import zygote
+
+TESTS = Path(__file__).parent
+MODULE = "zygote_child"
+
+
+@pytest.fixture(autouse=True)
+def own_zygotes(monkeypatch) -> None:
+    """The zygotes a test starts are its own, and end with it (a process keeps at most `MAX_ZYGOTES`)."""
+    mine: list[zygote.Zygote] = []
+    monkeypatch.setattr(zygote, "_ZYGOTES", mine)
+    yield
+    for z in mine:
+        z.process.kill()
+        z.process.wait()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(TESTS), **extra}
+
+
+def _said(log: Path, timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if lines:
+            return json.loads(lines[0])
+        time.sleep(0.05)
+    raise AssertionError(f"nothing in {log}")
+
+
+def _ended(pid: int, timeout_s: float = 20) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout_s)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+def test_a_forked_run_gets_the_starts_argv_environment_folder_and_log(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    log = tmp_path / "a.log"
+    argv = [sys.executable, "-m", MODULE, "--port", "1234"]
+    pid = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="2"), log, own_session=True,
+                       dies_with_caller=False)
+    assert pid is not None
+    try:
+        said = _said(log)
+        assert said["argv"] == ["--port", "1234"] and said["pid"] == pid and said["main"] == MODULE
+        assert said["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1" and "PYTEST_CURRENT_TEST" not in said["env"]
+        assert said["cwd"] == said["path0"] == str(tmp_path)
+        assert said["sid"] == said["pgid"] == pid  # a session of its own
+        # a per-start variable differs: the same zygote forks it; an import-time one differs: another zygote
+        again = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="4", OMP_NUM_THREADS="2"), tmp_path / "b.log",
+                             own_session=False, dies_with_caller=False)
+        other = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1"), tmp_path / "c.log",
+                             own_session=True, dies_with_caller=False)
+        assert again is not None and other is not None
+        said_again, said_other = _said(tmp_path / "b.log"), _said(tmp_path / "c.log")
+        assert said_again["ppid"] == said["ppid"] != said_other["ppid"]
+        assert said_again["env"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
+        assert said_again["pgid"] == os.getpgid(0) and said_again["sid"] == os.getsid(0)  # the caller's group
+        for run in (pid, again, other):
+            os.kill(run, signal.SIGTERM)
+            assert _ended(run)
+        assert (tmp_path / "b.log").read_text().splitlines()[-1] == "terminated"
+    finally:
+        for run in (pid,):
+            try:
+                os.kill(run, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+CALLER = """
+import sys, time
+from pathlib import Path
+from llmopt.engine import zygote
+argv = [sys.executable, "-m", "zygote_child"]
+env = {"PATH": "", "PYTHONPATH": sys.argv[1]}
+for name, dies in (("dies", True), ("stays", False)):
+    print(zygote.start(argv, env, Path(sys.argv[2]) / f"{name}.log", own_session=True, dies_with_caller=dies), flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_run_that_dies_with_its_caller_does_even_when_the_caller_is_killed(tmp_path: Path) -> None:
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(TESTS), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert caller.stdout is not None
+        dies, stays = (int(caller.stdout.readline()) for _ in range(2))
+        _said(tmp_path / "dies.log"), _said(tmp_path / "stays.log")
+        caller.kill()
+        caller.wait()
+        assert _ended(dies), "a run that dies with its caller outlived it"
+        assert (tmp_path / "dies.log").read_text().splitlines()[-1] == "terminated"
+        assert psutil.pid_exists(stays) and psutil.Process(stays).status() != psutil.STATUS_ZOMBIE
+    finally:
+        caller.kill()
+        for name in ("dies", "stays"):
+            pid = _said(tmp_path / f"{name}.log")["pid"]
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_only_llmopts_server_is_forked_and_the_switch_turns_it_off(monkeypatch) -> None:
+    server = [sys.executable, "-m", zygote.SERVER_MODULE, "--model", "m"]
+    assert zygote.forks(server)
+    assert not zygote.forks(["python3", "-m", zygote.SERVER_MODULE]) and not zygote.forks([sys.executable, "-m", "vllm"])
+    monkeypatch.setenv(zygote.OFF_ENV, "1")
+    assert not zygote.forks(server)
+
+
+def test_the_import_key_keeps_what_modules_read_at_import_and_leaves_per_start_settings_out() -> None:
+    key = dict(zygote.import_key("m", {"LD_PRELOAD": "/x.so", "VLLM_USE_LAYERNAME": "0", "VLLM_CPU_KVCACHE_SPACE": "4",
+                                       "TORCHINDUCTOR_CACHE_DIR": "/c", "PYTEST_CURRENT_TEST": "t", "LLMOPT_HOME": "/h"}))
+    assert key == {"": "m", "LD_PRELOAD": "/x.so", "VLLM_USE_LAYERNAME": "0"}

@@ -1,0 +1,18 @@
+"""A stand-in for the server in tests/test_zygote.py: says how it was started, then waits for SIGTERM."""
+
+import json
+import os
+import signal
+import sys
+import time
+
+if __name__ == "__main__":
+    def ended(signum: int, frame: object) -> None:
+        print("terminated", flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, ended)
+    print(json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "pid": os.getpid(), "ppid": os.getppid(),
+                      "pgid": os.getpgid(0), "sid": os.getsid(0), "cwd": os.getcwd(), "path0": sys.path[0],
+                      "main": sys.modules["__main__"].__spec__.name}), flush=True)
+    time.sleep(120)
