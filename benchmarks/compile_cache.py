@@ -1,6 +1,7 @@
 """Engine starts side by side: cold, cold with Inductor's C++ kernels kept from an earlier compile
 (another entry's, as a second recipe's first start has them), precompiled as llmopt starts it, and
-precompiled the ways llmopt did before (its engine core spawned, as vLLM's CPU platform does, rather than forked; and
+precompiled the ways llmopt did before (its server spawned and importing for itself rather than
+forked from the process's zygote; its engine core spawned, as vLLM's CPU platform does, rather than forked; and
 vLLM's own server with its saved compiled model off, Inductor's caches only).
 Process start to ready, same model, same flags, same machine, with each start's phases from the
 engine's log (`vllm.start_phases`).
@@ -9,8 +10,9 @@ Each round deletes the compile-cache entry for the configuration and the kept ke
 cold start: vLLM compiles and saves the compiled model into llmopt's compile cache), stops, deletes
 the entry again and deploys (cold, the kernels kept by the first start copied in), deploys again (a
 precompiled start: the saved model is loaded, nothing is traced or compiled), deploys once more with
-the engine core spawned (`platform.SPAWNED_CORE_ENV`), then starts vLLM's
-plain server against a scratch Inductor cache filled by a cold start of its own. Reports the
+the server spawned (`zygote.OFF_ENV`) and once with the engine core spawned (`platform.SPAWNED_CORE_ENV`), then starts vLLM's
+plain server against a scratch Inductor cache filled by a cold start of its own. Every other start of llmopt's server is forked from the zygote a first,
+unmeasured start leaves in this process, as the later starts of any process are. Reports the
 medians and ratios. Writes benchmarks/results/compile_cache.json, or the file named.
 Usage: python benchmarks/compile_cache.py [rounds] [results file name]
 """
@@ -28,20 +30,22 @@ from pathlib import Path
 
 import llmopt
 from llmopt import EngineConfig, sources
-from llmopt.engine import compile_cache, platform, vllm
+from llmopt.engine import compile_cache, platform, vllm, zygote
 
 MODEL = "smollm2-135m-instruct"
 ENGINE = EngineConfig(max_model_len=4096, max_num_seqs=16)
 
 
-def start(spawned: bool = False) -> compile_cache.Start:
-    if spawned:
-        os.environ[platform.SPAWNED_CORE_ENV] = "1"  # the server inherits the caller's environment
+def start(switch: str | None = None) -> compile_cache.Start:
+    """A deploy's start, with the switch named (if any) set in the environment the server inherits."""
+    if switch:
+        os.environ[switch] = "1"
     try:
         with llmopt.deploy(MODEL, engine=ENGINE) as endpoint:
             return endpoint.start
     finally:
-        os.environ.pop(platform.SPAWNED_CORE_ENV, None)
+        if switch:
+            os.environ.pop(switch)
 
 
 def plain_start(cache: Path, log: Path) -> tuple[float, dict[str, float]]:
@@ -62,7 +66,8 @@ def plain_start(cache: Path, log: Path) -> tuple[float, dict[str, float]]:
 
 
 def main(rounds: int, out_name: str) -> None:
-    cold, kept, warm, spawned, plain, phases = [], [], [], [], [], {}
+    cold, kept, warm, server_spawned, spawned, plain, phases = [], [], [], [], [], [], {}
+    start()  # this process's zygote imports here
     for r in range(rounds):
         entry = compile_cache.entry_for(sources.resolve(MODEL).path, ENGINE, platform.detect())
         shutil.rmtree(entry.path)  # this round's cold start begins from nothing
@@ -71,9 +76,10 @@ def main(rounds: int, out_name: str) -> None:
         shutil.rmtree(entry.path)
         reusing = start()
         second = start()
-        third = start(spawned=True)
-        assert first.outcome == reusing.outcome == "compiled" and second.outcome == third.outcome == "precompiled", (
-            first, reusing, second, third)
+        imported = start(zygote.OFF_ENV)
+        third = start(platform.SPAWNED_CORE_ENV)
+        assert first.outcome == reusing.outcome == "compiled", (first, reusing)
+        assert second.outcome == imported.outcome == third.outcome == "precompiled", (second, imported, third)
         assert first.kernels_reused == 0 and reusing.kernels_reused > 0, (first, reusing)
         with tempfile.TemporaryDirectory() as scratch:
             plain_start(Path(scratch), Path(scratch) / "cold.log")  # fills the scratch Inductor cache
@@ -81,25 +87,31 @@ def main(rounds: int, out_name: str) -> None:
         cold.append(first.ready_seconds)
         kept.append(reusing.ready_seconds)
         warm.append(second.ready_seconds)
+        server_spawned.append(imported.ready_seconds)
         spawned.append(third.ready_seconds)
         plain.append(round(before, 2))
-        phases = {"cold": first.phases, "cold, kernels kept": reusing.phases, "precompiled": second.phases, "precompiled, core spawned": third.phases,
+        phases = {"cold": first.phases, "cold, kernels kept": reusing.phases, "precompiled": second.phases,
+                  "precompiled, server spawned": imported.phases, "precompiled, core spawned": third.phases,
                   "precompiled, saved model off": before_phases}
         print(f"round {r + 1}: cold {cold[-1]:.1f} s, cold with {reusing.kernels_reused} kernels kept {kept[-1]:.1f} s, precompiled {warm[-1]:.1f} s ({second.compiled_files_added} files "
-              f"compiled), with the engine core spawned {spawned[-1]:.1f} s, with the saved model off {plain[-1]:.1f} s", flush=True)
+              f"compiled), with the server spawned {server_spawned[-1]:.1f} s, with the engine core spawned {spawned[-1]:.1f} s, "
+              f"with the saved model off {plain[-1]:.1f} s", flush=True)
     row = {"model": MODEL, "processor": platform.detect().cpu_label, "engine": ENGINE.model_dump(mode="json"),
            "rounds": rounds, "cold_s": cold, "cold_kernels_kept_s": kept, "kernels_reused": reusing.kernels_reused,
-           "precompiled_s": warm, "precompiled_core_spawned_s": spawned,
+           "precompiled_s": warm, "precompiled_server_spawned_s": server_spawned, "precompiled_core_spawned_s": spawned,
            "precompiled_saved_model_off_s": plain, "cold_median_s": statistics.median(cold),
            "cold_kernels_kept_median_s": statistics.median(kept),
-           "precompiled_median_s": statistics.median(warm), "precompiled_core_spawned_median_s": statistics.median(spawned),
+           "precompiled_median_s": statistics.median(warm), "precompiled_server_spawned_median_s": statistics.median(server_spawned),
+           "precompiled_core_spawned_median_s": statistics.median(spawned),
            "precompiled_saved_model_off_median_s": statistics.median(plain), "last_round_phases_s": phases}
     row["ratio"] = round(row["precompiled_median_s"] / row["cold_median_s"], 3)
+    row["server_spawned_ratio"] = round(row["precompiled_server_spawned_median_s"] / row["cold_median_s"], 3)
     row["saved_model_off_ratio"] = round(row["precompiled_saved_model_off_median_s"] / row["cold_median_s"], 3)
     row["kernels_kept_ratio"] = round(row["cold_kernels_kept_median_s"] / row["cold_median_s"], 3)
     print(f"\ncold start median {row['cold_median_s']:.1f} s, with the kernels kept {row['cold_kernels_kept_median_s']:.1f} s "
           f"({row['kernels_kept_ratio']}x), precompiled {row['precompiled_median_s']:.1f} s "
-          f"({row['ratio']}x), with the engine core spawned {row['precompiled_core_spawned_median_s']:.1f} s, with the saved model off {row['precompiled_saved_model_off_median_s']:.1f} s "
+          f"({row['ratio']}x), with the server spawned {row['precompiled_server_spawned_median_s']:.1f} s "
+          f"({row['server_spawned_ratio']}x), with the engine core spawned {row['precompiled_core_spawned_median_s']:.1f} s, with the saved model off {row['precompiled_saved_model_off_median_s']:.1f} s "
           f"({row['saved_model_off_ratio']}x)")
     names = list(next(iter(phases.values())))
     print(f"\n{'phase (last round)':<60}" + "".join(f"{k[:28]:>30}" for k in phases))

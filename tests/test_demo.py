@@ -28,15 +28,18 @@ def test_demo_optimizes_and_compares_on_the_real_engine(smol, tmp_path: Path) ->
     chosen_here = SUITE_SMOOTHQUANT if INT8_FAST else {"name": "ngram", "speculative": {"method": "ngram", "disable_above_batch": 1}}
     recipe_file = tmp_path / "recipe.yaml"
     recipe.save(recipe.parse(chosen_here), recipe_file)
-    # at 1 and 2 users, not the README's 1 and 4: a level sends 4 requests per user of the highest, so half as many
+    # at 1 and 2 users, not the README's 1 and 4: a level sends 4 requests per user of the highest, so
+    # half as many; short synthetic requests, not the QA set's ~610-token prompts (which a float32
+    # prefill takes a second or more over, where llmopt serves float32)
     result = run_cli("demo", "--recipe", str(recipe_file), "--concurrency", "1,2", "--requests", "4", "--min-duration", "0",
-                     "--output", str(tmp_path / "demo"), timeout=2400)
+                     "--dataset", "synthetic:128,16", "--output", str(tmp_path / "demo"), timeout=2400)
     assert result.returncode == 0, result.stderr[-3000:]
     name = chosen_here["name"]
     assert f"recipe {name}: {recipe.parse(chosen_here).techniques()[0]}" in result.stdout
     job = next(j for j in llmopt.list_jobs() if j.recipe.get("name") == name and j.status == "COMPLETED")
     assert f"artifact at {job.artifact}" in result.stdout
     results = llmopt.load_results(tmp_path / "demo")
+    assert results.workload.name == "synthetic:128,16"
     base, optimized = results.targets
     assert base.label == smol.id and optimized.label == Path(job.artifact).name
     for target in (base, optimized):

@@ -179,7 +179,7 @@ def test_a_later_start_is_forked_from_the_zygote_and_answers_as_a_spawned_one(en
     question = "Name three colours of the rainbow."
     with llmopt.deploy(smol.id, name="forked", engine=SMALL_ENGINE) as forked:
         server = psutil.Process(forked.pid)
-        assert server.parent().cmdline()[1:4] == ["-m", zygote.__name__, zygote.SERVER_MODULE]
+        assert server.parent().cmdline()[1:5] == ["-m", zygote.__name__, str(os.getpid()), zygote.SERVER_MODULE]
         assert server.cmdline()[1:3] == ["-m", zygote.SERVER_MODULE]  # what `ps` shows: the command a spawned one runs
         assert forked.start.outcome == "precompiled"
         forked_imports = forked.start.phases["server process and imports"]

@@ -84,6 +84,7 @@ def _bad_inputs(tmp: Path, smol: sources.Model) -> list[tuple[list[str], str]]:
         (["demo", "--recipe", "baseline", "--concurrency", "0"], "concurrency"),  # before its job, not after
         (["demo", "--recipe", "baseline", "--concurrency", "2,1"], "bad evaluation setting: concurrency levels must be increasing"),
         (["demo", "--concurrency", "1,x"], "bad --concurrency"),
+        (["demo", "--recipe", "baseline", "--dataset", str(tmp / "missing.jsonl")], "unknown dataset"),
         (["evaluate", "--model", DEFAULT, "--dataset", str(tmp / "missing.jsonl")], "unknown dataset"),
         (["evaluate", "--model", DEFAULT, "--dataset", str(infinity)], "no valid line"),
         (["evaluate", "--model", DEFAULT, "--dataset", "synthetic:0,5"], "out of range"),

@@ -27,6 +27,7 @@ def own_zygotes(monkeypatch) -> None:
     """The zygotes a test starts are its own, and end with it (a process keeps at most `MAX_ZYGOTES`)."""
     mine: list[zygote.Zygote] = []
     monkeypatch.setattr(zygote, "_ZYGOTES", mine)
+    monkeypatch.setattr(zygote, "_FAILED", set())
     yield
     for z in mine:
         z.process.kill()
@@ -48,13 +49,16 @@ def _said(log: Path, timeout_s: float = 30) -> dict:
 
 
 def _ended(pid: int, timeout_s: float = 20) -> bool:
-    try:
-        psutil.Process(pid).wait(timeout_s)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        return False
-    return True
+    """Whether `pid` ends within the time: gone, or a zombie (an orphan's waits on whoever reaps it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_a_forked_run_gets_the_starts_argv_environment_folder_and_log(tmp_path: Path, monkeypatch) -> None:
@@ -123,6 +127,56 @@ def test_a_run_that_dies_with_its_caller_does_even_when_the_caller_is_killed(tmp
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+INTERRUPTED = """
+import sys
+from pathlib import Path
+from llmopt.engine import zygote
+try:
+    zygote.start([sys.executable, "-m", "zygote_slow_child"], {"PATH": "", "PYTHONPATH": sys.argv[1]},
+                 Path(sys.argv[2]), own_session=True, dies_with_caller=False)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_a_start_interrupted_while_its_zygote_imports_forks_nothing(tmp_path: Path) -> None:
+    """The wait for the imports comes before the request: a ctrl-c there leaves no run behind."""
+    log = tmp_path / "slow.log"
+    caller = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(TESTS), str(log)], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not psutil.Process(caller.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (imports,) = psutil.Process(caller.pid).children()
+    time.sleep(0.5)
+    caller.send_signal(signal.SIGINT)
+    out, _ = caller.communicate(timeout=30)
+    assert out.strip() == "interrupted"
+    assert _ended(imports.pid), "the zygote outlived the interrupted start"
+    time.sleep(3)  # past its import, had it gone on
+    assert not log.exists(), "a run was forked for an interrupted start"
+
+
+def test_a_zygote_whose_caller_dies_while_it_imports_ends_then(tmp_path: Path) -> None:
+    caller = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(TESTS), str(tmp_path / "slow.log")])
+    deadline = time.monotonic() + 20
+    while not psutil.Process(caller.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (imports,) = psutil.Process(caller.pid).children()
+    caller.kill()
+    caller.wait()
+    started = time.monotonic()
+    assert _ended(imports.pid) and time.monotonic() - started < 2.5, "the zygote imported on for no one"
+
+
+def test_a_zygote_that_cannot_import_leaves_the_start_to_a_spawn_and_is_not_tried_again(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "no_such_module_for_llmopt"]
+    assert zygote.start(argv, _env(), tmp_path / "a.log", own_session=True, dies_with_caller=False) is None
+    assert zygote.import_key(argv[2], _env()) in zygote._FAILED and not zygote._ZYGOTES
+    started = time.monotonic()
+    assert zygote.start(argv, _env(), tmp_path / "b.log", own_session=True, dies_with_caller=False) is None
+    assert time.monotonic() - started < 0.1, "a second zygote was started"
 
 
 def test_only_llmopts_server_is_forked_and_the_switch_turns_it_off(monkeypatch) -> None:

@@ -606,12 +606,15 @@ def demo(
     concurrency: str = typer.Option("1,4", help="Comma-separated concurrency levels to compare at (and sweep speculation at)."),
     requests: int = typer.Option(8, help="Requests per level, the same prompts at every level (at least 4 per user of the highest)."),
     min_duration: float = typer.Option(30.0, help="Seconds each level runs at least."),
+    dataset: str = typer.Option("builtin-qa", help="The side-by-side load test's requests: builtin-qa, builtin-coding, "
+                                                   "sharegpt, synthetic:IN,OUT or your JSONL."),
     output: Path = typer.Option(Path("llmopt-demo"), help="Folder for results.json and report.html."),
 ) -> None:
     """The main job: optimize a model with what pays on this processor, then load-test it side by side
     with the original, throughput on equal work, and say what it bought and what it cost."""
     levels = tuple(_levels(concurrency))
-    sdk.evaluation_plan(concurrency=levels, requests=requests, min_duration_s=min_duration)  # refused before the job, not after
+    # refused before the job, not after
+    sdk.evaluation_plan(concurrency=levels, requests=requests, min_duration_s=min_duration, dataset=dataset)
     with _working(f"importing {model} (once)"):
         imported = sdk.resolve_model(model)
     console.print(f"model [bold]{imported.id}[/] at {imported.path} (sha256 {imported.content_hash[:12]})")
@@ -623,7 +626,7 @@ def demo(
         console.print(f"job [bold]{job.name}[/] reuses the artifact of job {job.reused_from}")
     _follow_job(job.name)
     with _evaluation_progress() as events:
-        results = sdk.evaluate(compare=[imported.id, str(job.artifact)], dataset="builtin-qa", concurrency=levels,
+        results = sdk.evaluate(compare=[imported.id, str(job.artifact)], dataset=dataset, concurrency=levels,
                                requests=requests, min_duration_s=min_duration, output=output, events=events)
     terminal.evaluation(results, console)
     console.print(verdict(results))

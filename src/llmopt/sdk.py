@@ -444,11 +444,10 @@ def evaluate(
         chosen += [(item, "model") for item in compare]
     if not chosen or (len(chosen) > 1 and not compare):
         raise LlmoptError("name what to evaluate", "pass exactly one of --endpoint, --url, --model, or --compare A B ...")
-    plan = evaluation_plan(dataset=dataset, concurrency=tuple(concurrency), requests=None if duration_s else requests,
-                 duration_s=duration_s, min_duration_s=min_duration_s, timeout_s=timeout_s, seed=seed,
-                 goodput={"ttft_ms": ttft_target_ms, "itl_ms": itl_target_ms})
+    plan = evaluation_plan(tokenizer, dataset=dataset, concurrency=tuple(concurrency), requests=None if duration_s else requests,
+                           duration_s=duration_s, min_duration_s=min_duration_s, timeout_s=timeout_s, seed=seed,
+                           goodput={"ttft_ms": ttft_target_ms, "itl_ms": itl_target_ms})
     price = pricing.choose(hardware, price_per_hour, discount, Path(hardware_file) if hardware_file else None)
-    workloads.check(plan.dataset, tokenizer)
     name = names.check(name, "evaluation") if name else f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     runs_on = executors.choose(executor, ray_address)
     runs.create(name, {"targets": chosen, "plan": plan.model_dump(mode="json"), "price": price.model_dump(mode="json"),
@@ -503,10 +502,12 @@ def engine_config(**settings: Any) -> EngineConfig:
     return _validated(EngineConfig, "engine setting", "see `llmopt deploy --help`", settings)
 
 
-def evaluation_plan(**fields: Any) -> Plan:
-    """An evaluation's settings, checked: a command that builds before it evaluates (the demo)
-    refuses bad ones before it builds."""
-    return _validated(Plan, "evaluation setting", "see `llmopt evaluate --help`", fields)
+def evaluation_plan(tokenizer: str | None = None, **fields: Any) -> Plan:
+    """An evaluation's settings, checked, its dataset too (a synthetic one in full with `tokenizer`):
+    a command that builds before it evaluates (the demo) refuses bad ones before it builds."""
+    plan = _validated(Plan, "evaluation setting", "see `llmopt evaluate --help`", fields)
+    workloads.check(plan.dataset, tokenizer)
+    return plan
 
 
 def _validated(model: Any, what: str, fix: str, fields: dict[str, Any]) -> Any:

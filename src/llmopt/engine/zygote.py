@@ -68,6 +68,7 @@ PER_START = frozenset({
     guard.NO_CHAT_ENV, paths.HOME_ENV,
 })
 _PR_SET_PDEATHSIG = 1
+READY = "imported\n"  # what a zygote says once it has imported
 
 
 def import_key(module: str, env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -97,6 +98,7 @@ class Zygote:
 
 
 _ZYGOTES: list[Zygote] = []
+_FAILED: set[tuple[tuple[str, str], ...]] = set()  # keys whose zygote could not import: not tried again
 _LOCK = threading.Lock()
 
 
@@ -116,13 +118,16 @@ def start(argv: list[str], env: dict[str, str], log_path: Path, own_session: boo
                 _ZYGOTES.remove(zygote)
         zygote = next((z for z in _ZYGOTES if z.key == key), None)
         if zygote is None:
-            if len(_ZYGOTES) >= MAX_ZYGOTES:
+            if len(_ZYGOTES) >= MAX_ZYGOTES or key in _FAILED:
                 return None
-            zygote = Zygote(_spawn(module, env), key)
+            zygote = _imported(module, env, key)
+            if zygote is None:
+                _FAILED.add(key)
+                return None
             _ZYGOTES.append(zygote)
     try:
         return zygote.fork(argv, env, log_path, own_session, dies_with_caller)
-    except (OSError, ValueError, KeyError):  # a zygote that failed to import or died: spawned instead
+    except (OSError, ValueError, KeyError):  # a zygote that died: spawned instead
         with _LOCK:
             if zygote in _ZYGOTES:
                 _ZYGOTES.remove(zygote)
@@ -130,12 +135,26 @@ def start(argv: list[str], env: dict[str, str], log_path: Path, own_session: boo
         return None
 
 
-def _spawn(module: str, env: dict[str, str]) -> subprocess.Popen:
-    """A zygote for `module`, in this process's group and session; its own output goes nowhere (a
-    server's goes to its log)."""
+def _imported(module: str, env: dict[str, str], key: tuple[tuple[str, str], ...]) -> Zygote | None:
+    """A zygote for `module`, in this process's group and session, once it has imported (None if
+    it could not); its own output goes nowhere (a run's goes to its log). The wait for its imports
+    comes before any request: interrupted there (a ctrl-c), nothing has been forked, and the zygote
+    is killed; a request is then answered in milliseconds, as a spawn is."""
     preloaded = PRELOADED if module == SERVER_MODULE else ()
-    return subprocess.Popen([sys.executable, "-m", __name__, module, *preloaded], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, bufsize=1)
+    process = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid()), module, *preloaded], env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+    try:
+        assert process.stdout is not None
+        ready = process.stdout.readline() == READY
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    if not ready:
+        process.kill()
+        process.wait()
+        return None
+    return Zygote(process, key)
 
 
 def _run_forked(module: str, request: dict, zygote_pid: int) -> None:
@@ -191,15 +210,29 @@ def _titled(title: str) -> None:
     setproctitle.setproctitle(title)
 
 
-def _main(modules: list[str], requests: IO[str], answers: IO[str]) -> None:
+def _main(caller: int, modules: list[str], requests: IO[str], answers: IO[str]) -> None:
     """Import `modules` (the one to run first), then fork a run of it per request until the caller
-    closes the pipe."""
+    (the pid that started this) closes the pipe."""
     import importlib
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ctrl-c at the caller's terminal is the caller's to handle
+    imported = threading.Event()
+
+    def orphaned() -> None:
+        """A caller that dies while this imports asks for nothing more: this ends then, not after
+        (or at once, if the caller died before this began)."""
+        while os.getppid() == caller:
+            if imported.wait(0.5):
+                return
+        os._exit(1)
+
+    watcher = threading.Thread(target=orphaned, daemon=True)
+    watcher.start()
     gc.disable()  # as `engine/serve.py` does while importing: objects made to last, scanned for nothing
     for name in modules:
         importlib.import_module(name)
+    imported.set()
+    watcher.join()  # no thread but this one is forked from
     try:
         import setproctitle
 
@@ -210,6 +243,8 @@ def _main(modules: list[str], requests: IO[str], answers: IO[str]) -> None:
     gc.freeze()  # what was imported stays out of collections, and so its pages stay shared with the forked servers
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the servers as they end
     me = os.getpid()
+    answers.write(READY)
+    answers.flush()
     for line in requests:
         request = json.loads(line)
         answers.flush()
@@ -222,6 +257,6 @@ def _main(modules: list[str], requests: IO[str], answers: IO[str]) -> None:
 
 if __name__ == "__main__":
     try:
-        _main(sys.argv[1:], sys.stdin, sys.stdout)
+        _main(int(sys.argv[1]), sys.argv[2:], sys.stdin, sys.stdout)
     except (KeyboardInterrupt, BrokenPipeError):
         sys.exit(1)
