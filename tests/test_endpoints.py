@@ -181,6 +181,9 @@ def test_a_later_start_is_forked_from_the_zygote_and_answers_as_a_spawned_one(en
         server = psutil.Process(forked.pid)
         assert server.parent().cmdline()[1:5] == ["-m", zygote.__name__, str(os.getpid()), zygote.SERVER_MODULE]
         assert server.cmdline()[1:3] == ["-m", zygote.SERVER_MODULE]  # what `ps` shows: the command a spawned one runs
+        # on this process's cores, its engine core too: Intel OpenMP, loaded in the zygote, pins a
+        # forked child to the first, which the server and everything it starts would inherit
+        assert all(os.sched_getaffinity(p.pid) == os.sched_getaffinity(0) for p in [server, *server.children(recursive=True)])
         assert forked.start.outcome == "precompiled"
         forked_imports = forked.start.phases["server process and imports"]
         said = client.chat(forked.url, forked.served_name, question, max_tokens=32).text

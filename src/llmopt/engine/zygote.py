@@ -157,8 +157,12 @@ def _imported(module: str, env: dict[str, str], key: tuple[tuple[str, str], ...]
     return Zygote(process, key)
 
 
-def _run_forked(module: str, request: dict, zygote_pid: int) -> None:
+def _run_forked(module: str, request: dict, zygote_pid: int, cores: set[int]) -> None:
     """In the forked child: become the run the request describes, and end as it ends."""
+    # Intel OpenMP, loaded with torch in the zygote, pins a forked child's main thread to the first
+    # of its cores, and every thread and process the server starts would inherit that one core (a
+    # forked server's engine core ran on core 0 of two): the run gets the zygote's cores back
+    os.sched_setaffinity(0, cores)
     if request["session"]:
         os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its engine core is its own child to wait for
@@ -242,7 +246,7 @@ def _main(caller: int, modules: list[str], requests: IO[str], answers: IO[str]) 
     gc.enable()
     gc.freeze()  # what was imported stays out of collections, and so its pages stay shared with the forked servers
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the servers as they end
-    me = os.getpid()
+    me, cores = os.getpid(), os.sched_getaffinity(0)
     answers.write(READY)
     answers.flush()
     for line in requests:
@@ -250,7 +254,7 @@ def _main(caller: int, modules: list[str], requests: IO[str], answers: IO[str]) 
         answers.flush()
         pid = os.fork()
         if pid == 0:
-            _run_forked(modules[0], request, me)
+            _run_forked(modules[0], request, me, cores)
         answers.write(json.dumps({"pid": pid}) + "\n")
         answers.flush()
 
