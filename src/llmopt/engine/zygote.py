@@ -143,18 +143,15 @@ def _imported(module: str, env: dict[str, str], key: tuple[tuple[str, str], ...]
     preloaded = PRELOADED if module == SERVER_MODULE else ()
     process = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid()), module, *preloaded], env=env, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+    ready = False
     try:
         assert process.stdout is not None
         ready = process.stdout.readline() == READY
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
-    if not ready:
-        process.kill()
-        process.wait()
-        return None
-    return Zygote(process, key)
+    finally:
+        if not ready:
+            process.kill()
+            process.wait()
+    return Zygote(process, key) if ready else None
 
 
 def _run_forked(module: str, request: dict, zygote_pid: int, cores: set[int]) -> None:
@@ -251,8 +248,7 @@ def _main(caller: int, modules: list[str], requests: IO[str], answers: IO[str]) 
     answers.flush()
     for line in requests:
         request = json.loads(line)
-        answers.flush()
-        pid = os.fork()
+        pid = os.fork()  # nothing is left in `answers`' buffer for the child to repeat: each write was flushed
         if pid == 0:
             _run_forked(modules[0], request, me, cores)
         answers.write(json.dumps({"pid": pid}) + "\n")
