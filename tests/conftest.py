@@ -32,7 +32,7 @@ os.environ["LLMOPT_HOME"] = tempfile.mkdtemp(prefix="llmopt-test-home-")
 
 import llmopt  # noqa: E402
 from llmopt import ChunkedPrefill, Compilation, Recipe, catalog, recipe, sources  # noqa: E402
-from llmopt.engine import platform, vllm  # noqa: E402
+from llmopt.engine import platform, vllm, zygote  # noqa: E402
 from llmopt.engine.config import EngineConfig  # noqa: E402
 from llmopt.jobs import store  # noqa: E402
 from llmopt.executors import local as local_executor  # noqa: E402
@@ -71,7 +71,9 @@ ENGINE_TESTS = os.environ.setdefault("LLMOPT_TEST_ENGINE_TESTS", f"{os.environ['
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A passing session's home goes once its session fixtures are torn down: it holds every model,
     artifact and compiled entry the session built (about 4.4 GB for the whole suite), and homes left
-    behind had filled this machine's disk. A failing session's stays, for its logs."""
+    behind had filled this machine's disk. A failing session's stays, for its logs. The home's
+    zygotes end either way (they would after ten idle minutes)."""
+    zygote.stop_shared()
     if exitstatus == 0:
         shutil.rmtree(os.environ["LLMOPT_HOME"], ignore_errors=True)
     if "PYTEST_XDIST_WORKER" not in os.environ:

@@ -173,13 +173,20 @@ def test_the_engine_core_is_forked_from_the_server(endpoint) -> None:
 
 
 @pytest.mark.engine
-def test_a_later_start_is_forked_from_the_zygote_and_answers_as_a_spawned_one(endpoint, smol, monkeypatch) -> None:
-    """This process started the session's endpoint, so its zygote has imported vLLM's server: a
-    later start here is forked from it and skips the imports, and serves what a spawned one does."""
+def test_a_later_deploy_by_another_command_is_forked_from_the_homes_zygote_and_answers_as_a_spawned_one(
+        endpoint, smol, monkeypatch) -> None:
+    """The session's endpoint started the home's zygote, which imported vLLM's server: a later
+    deploy, even by a one-off `llmopt deploy` in a process of its own, is forked from it and skips
+    the imports, and serves what a spawned one does."""
     question = "Name three colours of the rainbow."
-    with llmopt.deploy(smol.id, name="forked", engine=SMALL_ENGINE) as forked:
+    done = run_cli("deploy", smol.id, "--name", "forked", "--kv-cache-gib", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    try:
+        forked = endpoints.get("forked")
         server = psutil.Process(forked.pid)
-        assert server.parent().cmdline()[1:5] == ["-m", zygote.__name__, str(os.getpid()), zygote.SERVER_MODULE]
+        homes = server.parent()
+        assert homes.cmdline()[1:3] == ["-m", zygote.__name__] and os.getsid(homes.pid) == homes.pid
+        assert psutil.Process(endpoint.pid).parent().pid == homes.pid  # the one the session's endpoint came from
         assert server.cmdline()[1:3] == ["-m", zygote.SERVER_MODULE]  # what `ps` shows: the command a spawned one runs
         # on this process's cores, its engine core too: Intel OpenMP, loaded in the zygote, pins a
         # forked child to the first, which the server and everything it starts would inherit
@@ -187,6 +194,8 @@ def test_a_later_start_is_forked_from_the_zygote_and_answers_as_a_spawned_one(en
         assert forked.start.outcome == "precompiled"
         forked_imports = forked.start.phases["server process and imports"]
         said = client.chat(forked.url, forked.served_name, question, max_tokens=32).text
+    finally:
+        endpoints.stop("forked")
     monkeypatch.setenv(zygote.OFF_ENV, "1")
     with llmopt.deploy(smol.id, name="spawned", engine=SMALL_ENGINE) as spawned:
         assert psutil.Process(spawned.pid).parent().pid == os.getpid()

@@ -8,15 +8,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from llmopt import paths
 from llmopt.engine import zygote
 
 TESTS = Path(__file__).parent
@@ -25,11 +29,16 @@ MODULE = "zygote_child"
 
 @pytest.fixture(autouse=True)
 def own_zygotes(monkeypatch) -> None:
-    """The zygotes a test starts are its own, and end with it (a process keeps at most `MAX_ZYGOTES`)."""
+    """The zygotes a test starts are its own, and end with it (a process keeps at most `MAX_ZYGOTES`),
+    the home's too: the test has a home of its own (short: its path names a socket)."""
     mine: list[zygote.Zygote] = []
     monkeypatch.setattr(zygote, "_ZYGOTES", mine)
     monkeypatch.setattr(zygote, "_FAILED", set())
+    home = tempfile.mkdtemp(prefix="zy-")
+    monkeypatch.setenv(paths.HOME_ENV, home)
     yield
+    zygote.stop_shared()
+    shutil.rmtree(home, ignore_errors=True)
     for z in mine:
         z.process.kill()
         z.process.wait()
@@ -62,6 +71,14 @@ def _ended(pid: int, timeout_s: float = 20) -> bool:
     return False
 
 
+def _home_zygote(pid: int) -> psutil.Process:
+    """The home's zygote that forked `pid`, checked to be one: in a session of its own, on a socket in the home."""
+    parent = psutil.Process(pid).parent()
+    assert parent.cmdline()[1:3] == ["-m", zygote.__name__] and parent.cmdline()[4].startswith(str(paths.home()))
+    assert os.getsid(parent.pid) == parent.pid != os.getsid(0)
+    return parent
+
+
 def test_a_forked_run_gets_the_starts_argv_environment_folder_and_log(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     log = tmp_path / "a.log"
@@ -69,32 +86,103 @@ def test_a_forked_run_gets_the_starts_argv_environment_folder_and_log(tmp_path: 
     pid = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="2"), log, own_session=True,
                        dies_with_caller=False)
     assert pid is not None
+    runs = [pid]
     try:
         said = _said(log)
         assert said["argv"] == ["--port", "1234"] and said["pid"] == pid and said["main"] == MODULE
         assert said["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1" and "PYTEST_CURRENT_TEST" not in said["env"]
         assert said["cwd"] == said["path0"] == str(tmp_path)
         assert said["sid"] == said["pgid"] == pid  # a session of its own
-        # a per-start variable differs: the same zygote forks it; an import-time one differs: another zygote
-        again = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="4", OMP_NUM_THREADS="2"), tmp_path / "b.log",
-                             own_session=False, dies_with_caller=False)
-        other = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1"), tmp_path / "c.log",
+        home_zygote = _home_zygote(pid)
+        # in the caller's group: from this process's own zygote, its child, whatever the home's has imported
+        grouped = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="4", OMP_NUM_THREADS="2"), tmp_path / "b.log",
+                               own_session=False, dies_with_caller=False)
+        # a per-start variable differs: the home's zygote forks it; an import-time one differs: another one
+        again = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="8", OMP_NUM_THREADS="2"), tmp_path / "c.log",
                              own_session=True, dies_with_caller=False)
-        assert again is not None and other is not None
-        said_again, said_other = _said(tmp_path / "b.log"), _said(tmp_path / "c.log")
-        assert said_again["ppid"] == said["ppid"] != said_other["ppid"]
-        assert said_again["env"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
-        assert said_again["pgid"] == os.getpgid(0) and said_again["sid"] == os.getsid(0)  # the caller's group
-        for run in (pid, again, other):
+        other = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1"), tmp_path / "d.log",
+                             own_session=True, dies_with_caller=False)
+        assert grouped is not None and again is not None and other is not None
+        runs += [grouped, again, other]
+        said_grouped, said_again = _said(tmp_path / "b.log"), _said(tmp_path / "c.log")
+        assert psutil.Process(said_grouped["ppid"]).parent().pid == os.getpid()
+        assert said_grouped["env"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
+        assert said_grouped["pgid"] == os.getpgid(0) and said_grouped["sid"] == os.getsid(0)  # the caller's group
+        assert said_again["ppid"] == home_zygote.pid and said_again["env"]["VLLM_CPU_KVCACHE_SPACE"] == "8"
+        assert _home_zygote(other).pid not in (home_zygote.pid, said_grouped["ppid"])
+        for run in runs:
             os.kill(run, signal.SIGTERM)
             assert _ended(run)
         assert (tmp_path / "b.log").read_text().splitlines()[-1] == "terminated"
     finally:
-        for run in (pid,):
-            try:
+        for run in runs:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(run, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+
+
+ANOTHER = """
+import os, sys, time
+from pathlib import Path
+from llmopt.engine import zygote
+os.umask(int(sys.argv[3], 8))
+os.nice(int(sys.argv[4]))
+started = time.monotonic()
+pid = zygote.start([sys.executable, "-m", "zygote_child"], {"PATH": "", "PYTHONPATH": sys.argv[1],
+                   "ZYGOTE_TEST_IMPORT_S": "3"}, Path(sys.argv[2]), own_session=True, dies_with_caller=False)
+print(pid, time.monotonic() - started)
+"""
+
+
+def test_the_homes_zygote_forks_for_every_process_of_the_home_and_ends_when_asked(tmp_path: Path) -> None:
+    """A one-off command (`llmopt deploy`) has one start: the home's zygote, started by the first,
+    takes the imports off the later ones, from other processes; stopped, it leaves their runs alone."""
+    runs = []
+    try:
+        for name, umask, nice in (("first", "022", "0"), ("second", "027", "3")):
+            done = subprocess.run([sys.executable, "-c", ANOTHER, str(TESTS), str(tmp_path / f"{name}.log"), umask, nice],
+                                  capture_output=True, text=True, timeout=60, check=True)
+            pid, seconds = done.stdout.split()
+            runs.append((int(pid), float(seconds)))
+        (first, first_s), (second, second_s) = runs
+        assert first_s > 3 > second_s + 1, runs  # the stand-in's imports take 3 s
+        owner = _home_zygote(first)
+        assert _home_zygote(second).pid == owner.pid
+        # what a spawned run would have inherited from its caller, not from whoever started the zygote
+        said = _said(tmp_path / "second.log")
+        assert (said["umask"], said["nice"]) == (0o027, 3) and (_said(tmp_path / "first.log")["umask"]) == 0o022
+        zygote.stop_shared()
+        assert _ended(owner.pid) and not list((paths.home() / zygote.RUN_DIR).glob("*.sock"))
+        assert all(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid, _ in runs)
+    finally:
+        for pid, _ in runs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_homes_zygote_ends_when_idle_or_its_socket_is_gone_and_shrugs_off_bad_requests(tmp_path: Path,
+                                                                                           monkeypatch) -> None:
+    argv = [sys.executable, "-m", MODULE]
+    pid = zygote.start(argv, _env(), tmp_path / "a.log", own_session=True, dies_with_caller=False)
+    assert pid is not None
+    owner = _home_zygote(pid)
+    (sock,) = (paths.home() / zygote.RUN_DIR).glob("*.sock")
+    for junk in (b"[1]\n", b"not json\n", b'{"args": 1}\n'):
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(str(sock))
+            conn.sendall(junk)
+    again = zygote.start(argv, _env(), tmp_path / "b.log", own_session=True, dies_with_caller=False)
+    assert again is not None and _home_zygote(again).pid == owner.pid
+    sock.unlink()
+    assert _ended(owner.pid, timeout_s=10), "the home's zygote outlived its socket"
+    monkeypatch.setattr(zygote, "IDLE_S", 1.0)
+    idle = zygote.start(argv, _env(), tmp_path / "c.log", own_session=True, dies_with_caller=False)
+    assert idle is not None
+    owner = _home_zygote(idle)
+    assert _ended(owner.pid, timeout_s=10), "the home's zygote outlived its idle time"
+    assert not sock.exists()
+    for run in (pid, again, idle):
+        assert psutil.Process(run).status() != psutil.STATUS_ZOMBIE
+        os.kill(run, signal.SIGKILL)
 
 
 CALLER = """
@@ -104,13 +192,16 @@ from llmopt.engine import zygote
 argv = [sys.executable, "-m", "zygote_child"]
 env = {"PATH": "", "PYTHONPATH": sys.argv[1]}
 for name, dies in (("dies", True), ("stays", False)):
-    print(zygote.start(argv, env, Path(sys.argv[2]) / f"{name}.log", own_session=True, dies_with_caller=dies), flush=True)
+    print(zygote.start(argv, env, Path(sys.argv[2]) / f"{name}.log", own_session=sys.argv[3] == "session",
+                       dies_with_caller=dies), flush=True)
 time.sleep(120)
 """
 
 
-def test_a_run_that_dies_with_its_caller_does_even_when_the_caller_is_killed(tmp_path: Path) -> None:
-    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(TESTS), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("where", ["session", "group"])  # forked by the home's zygote, or by the caller's own
+def test_a_run_that_dies_with_its_caller_does_even_when_the_caller_is_killed(tmp_path: Path, where: str) -> None:
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(TESTS), str(tmp_path), where], stdout=subprocess.PIPE,
+                              text=True)
     try:
         assert caller.stdout is not None
         dies, stays = (int(caller.stdout.readline()) for _ in range(2))
@@ -135,7 +226,7 @@ import sys
 from pathlib import Path
 from llmopt.engine import zygote
 try:
-    zygote.start([sys.executable, "-m", "zygote_slow_child"], {"PATH": "", "PYTHONPATH": sys.argv[1],
+    zygote.start([sys.executable, "-m", "zygote_child"], {"PATH": "", "PYTHONPATH": sys.argv[1],
                  "ZYGOTE_TEST_IMPORT_S": sys.argv[3]}, Path(sys.argv[2]), own_session=True, dies_with_caller=False)
 except KeyboardInterrupt:
     print("interrupted", flush=True)

@@ -47,7 +47,7 @@ class Endpoint(BaseModel):
     start: compile_cache.Start | None = None  # served from the compile cache, or compiled
     deployer_pid: int | None = None  # the process waiting for readiness: a start it does not see through is orphaned
     deployer_create_time: float | None = None
-    temporary: bool = False  # deployed for one run (an evaluation): it goes when the process that deployed it does (the kernel's parent-death signal, and the record's reconciling)
+    temporary: bool = False  # deployed for one run (an evaluation): it goes when the process that deployed it does (a signal when that process ends, and the record's reconciling)
     verified: dict[str, Any] = Field(default_factory=dict)  # what each technique proved after the start
     api_key: str | None = Field(None, repr=False)  # kept in the owner-only database, never shown
 

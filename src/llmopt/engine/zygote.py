@@ -4,9 +4,9 @@ Every start of `engine/serve.py` used to begin with its imports: vLLM, torch, In
 transformers, about 5,000 modules, 13-16 s of one core on a Zen 3 EPYC, more than a third of a
 precompiled start of SmolLM2-135M (25.8 s there). A process that starts several engines (a job
 measuring the source and then its artifact, a sweep serving without and with speculation,
-`evaluate --compare`, `recommend`, the studio, the test suite) paid them each time. Here it pays
-them once: its zygote, a child started on its first engine start, imports what the server
-imports and then forks a server for each start, which runs `engine/serve.py` as `python -m` would.
+`evaluate --compare`, `recommend`, the studio, the test suite) paid them each time. Here they are
+paid once: a zygote, a process started by the first start, imports what the server imports and
+then forks a server for each start, which runs `engine/serve.py` as `python -m` would.
 
 What a forked server cannot change is what its modules read from the environment when they were
 imported (the preloaded libraries, OpenMP's settings, `VLLM_USE_LAYERNAME`, Hugging Face's
@@ -19,31 +19,48 @@ of its own, up to `MAX_ZYGOTES` a process; past that, and wherever a zygote fail
 spawned as before. With `LLMOPT_SPAWNED_SERVER` set every server is spawned (to measure the
 difference).
 
-A forked server is the zygote's child, in the caller's process group, as a spawned one was:
-`own_session` gives it a session of its own, and `dies_with_caller` a SIGTERM when its zygote
-ends, which it does as soon as its caller does (its requests come on a pipe from the caller, which
-the kernel closes when the caller dies, however it dies). The zygote reaps its children; their
-exit status is not kept (callers read a server's end in its log).
+Two kinds of zygote serve the two kinds of start:
+- A start in the caller's process group (a job's engine, stopped with its worker's group) comes
+  from the process's own zygote, its child, which takes requests on a pipe and ends as soon as the
+  caller does (the kernel closes the pipe however the caller dies).
+- A start in a session of its own (a deploy) comes from the home's zygote, shared by every process
+  of the home: a one-off command such as `llmopt deploy` has a single start, and would otherwise
+  pay the imports every time. It listens on a Unix socket in the home's `run` folder, named for
+  what it imported (the import key, the interpreter, the caller's cores, and the size and time of
+  llmopt's files and of its engine's packages, so an edited or upgraded install gets a zygote of its
+  own), answers its own user alone, and ends after `IDLE_S` without a start, when its socket is
+  removed (with the home), or when asked (`stop_shared`). The first start pays the imports as
+  before; the starts after it, from any process, do not.
+`dies_with_caller` sends a forked server SIGTERM when its caller ends, however it ends: the server
+watches the caller's pidfd, whichever zygote is its parent. A zygote reaps its children; their exit
+status is not kept (callers read a server's end in its log).
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
+import contextlib
+import fcntl
 import gc
+import hashlib
+import importlib.util
 import json
 import os
 import runpy
+import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from llmopt import paths
+from llmopt import paths, procs
 from llmopt.engine import (avx2_int8_linear, guard, kernels, platform, prefill_attention, small_batch_linear,
                            weight_only_int8_linear)
 
@@ -67,8 +84,11 @@ PER_START = frozenset({
     platform.INDUCTOR_KERNELS_ENV, platform.MODEL_INFOS_ENV, platform.SPAWNED_CORE_ENV, platform.VLLM_ATTENTION_CALLS_ENV,
     guard.NO_CHAT_ENV, paths.HOME_ENV,
 })
-_PR_SET_PDEATHSIG = 1
 READY = "imported\n"  # what a zygote says once it has imported
+RUN_DIR = "run"  # in the home: the sockets of its shared zygotes
+IDLE_S = 600.0  # a home's zygote without a start for this long ends (it holds ~600 MB)
+_TICK_S = 1.0  # how often an idle home's zygote looks whether its socket is still there
+_SOCKET_PATH_MAX = 107  # a Unix socket's path holds 108 bytes, the last a NUL
 
 
 def import_key(module: str, env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -79,14 +99,14 @@ def import_key(module: str, env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 @dataclass
 class Zygote:
+    """A process's own zygote, its child, asked on a pipe."""
+
     process: subprocess.Popen
     key: tuple[tuple[str, str], ...]
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def fork(self, argv: list[str], env: dict[str, str], log_path: Path, own_session: bool, dies_with_caller: bool) -> int:
-        """The pid of a server forked to run `argv` (`python -m SERVER_MODULE ...`)."""
-        request = {"args": argv[3:], "env": env, "log": str(log_path), "cwd": os.getcwd(), "session": own_session,
-                   "dies_with_caller": dies_with_caller}
+    def fork(self, request: dict) -> int:
+        """The pid of a server forked for `request`."""
         with self.lock:
             assert self.process.stdin is not None and self.process.stdout is not None
             self.process.stdin.write(json.dumps(request) + "\n")
@@ -99,6 +119,7 @@ class Zygote:
 
 _ZYGOTES: list[Zygote] = []
 _FAILED: set[tuple[tuple[str, str], ...]] = set()  # keys whose zygote could not import: not tried again
+_STARTED: list[subprocess.Popen] = []  # the home's zygotes this process started
 _LOCK = threading.Lock()
 
 
@@ -108,10 +129,19 @@ def forks(argv: list[str]) -> bool:
 
 
 def start(argv: list[str], env: dict[str, str], log_path: Path, own_session: bool, dies_with_caller: bool) -> int | None:
-    """A process forked from this process's zygote to run `argv` (`python -m MODULE ...`) as the
-    start's environment asks: its pid, or None where none can (the caller then spawns it)."""
+    """A process forked from a zygote to run `argv` (`python -m MODULE ...`) as the start's
+    environment asks: the home's zygote for a start in a session of its own, this process's for one
+    in its group. Its pid, or None where none can fork it (the caller then spawns it)."""
     module = argv[2]
     key = import_key(module, env)
+    caller = [os.getpid(), procs.create_time(os.getpid())] if dies_with_caller else None
+    request = {"args": argv[3:], "env": env, "log": str(log_path), "cwd": os.getcwd(), "session": own_session,
+               "caller": caller, "umask": _umask(), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+    if key in _FAILED:
+        return None
+    shared = _socket_path(key) if own_session else None
+    if shared is not None:
+        return _shared_fork(shared, module, env, key, request)
     with _LOCK:
         for zygote in list(_ZYGOTES):
             if zygote.process.poll() is not None:
@@ -120,13 +150,14 @@ def start(argv: list[str], env: dict[str, str], log_path: Path, own_session: boo
         if zygote is None:
             if len(_ZYGOTES) >= MAX_ZYGOTES or key in _FAILED:
                 return None
-            zygote = _imported(module, env, key)
-            if zygote is None:
+            process = _launched(module, env)
+            if process is None:
                 _FAILED.add(key)
                 return None
+            zygote = Zygote(process, key)
             _ZYGOTES.append(zygote)
     try:
-        return zygote.fork(argv, env, log_path, own_session, dies_with_caller)
+        return zygote.fork(request)
     except (OSError, ValueError, KeyError):  # a zygote that died: spawned instead
         with _LOCK:
             if zygote in _ZYGOTES:
@@ -135,14 +166,80 @@ def start(argv: list[str], env: dict[str, str], log_path: Path, own_session: boo
         return None
 
 
-def _imported(module: str, env: dict[str, str], key: tuple[tuple[str, str], ...]) -> Zygote | None:
-    """A zygote for `module`, in this process's group and session, once it has imported (None if
-    it could not); its own output goes nowhere (a run's goes to its log). The wait for its imports
-    comes before any request: interrupted there (a ctrl-c), nothing has been forked, and the zygote
-    is killed; a request is then answered in milliseconds, as a spawn is."""
+def _umask() -> int:
+    """This process's umask, read without setting it (another thread may be making a file)."""
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("Umask:", 1)[1].split()[0], 8)
+
+
+def stop_shared() -> None:
+    """End the home's zygotes now rather than after `IDLE_S`; the servers they forked go on."""
+    for path in (paths.home() / RUN_DIR).glob("zygote-*.sock"):
+        _ask(path, {"stop": True})
+        path.unlink(missing_ok=True)
+
+
+def _socket_path(key: tuple[tuple[str, str], ...]) -> Path | None:
+    """Where the home's zygote for `key` listens, as this process would have it import; None where
+    the home's path is too long for a socket (this process's own zygote serves then)."""
+    files = sorted(Path(__file__).parents[1].rglob("*.py"))
+    for name in ("vllm", "torch", "transformers"):  # what an upgrade changes, found without importing it
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin is not None:
+            files.append(Path(spec.origin))
+    installed = [(str(f), st.st_size, st.st_mtime_ns) for f in files for st in (f.stat(),)]
+    what = json.dumps([key, sys.executable, sorted(os.sched_getaffinity(0)), installed])
+    path = paths.home() / RUN_DIR / f"zygote-{hashlib.sha256(what.encode()).hexdigest()[:16]}.sock"
+    return path if len(os.fsencode(path)) <= _SOCKET_PATH_MAX else None
+
+
+def _shared_fork(path: Path, module: str, env: dict[str, str], key: tuple[tuple[str, str], ...], request: dict) -> int | None:
+    """A server forked by the home's zygote at `path`, started first if none listens there. Under a
+    lock: of processes starting at once, one starts it and the others wait for its imports."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        pid = _ask(path, request)
+        if pid is None:
+            path.unlink(missing_ok=True)  # a zygote that ended without removing it, killed
+            process = _launched(module, env, path)
+            if process is None:
+                _FAILED.add(key)
+                return None
+            for pipe in (process.stdin, process.stdout):
+                assert pipe is not None
+                pipe.close()
+            with _LOCK:  # kept to be reaped when it ends: it is this process's child while this lives
+                _STARTED[:] = [p for p in _STARTED if p.poll() is None] + [process]
+            pid = _ask(path, request)
+    return pid
+
+
+def _ask(path: Path, request: dict) -> int | None:
+    """What the home's zygote at `path` answers `request`: a forked server's pid, or None where no
+    zygote answers (none listens, or one ending)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(30)
+            conn.connect(str(path))
+            conn.sendall((json.dumps(request) + "\n").encode())
+            answer = conn.makefile().readline()
+    except OSError:
+        return None
+    return int(json.loads(answer)["pid"]) if answer else None
+
+
+def _launched(module: str, env: dict[str, str], path: Path | None = None) -> subprocess.Popen | None:
+    """A zygote for `module`, once it has imported (None if it could not): this process's own, in
+    its group and session, or with `path` the home's, in a session of its own, listening there. Its
+    own output goes nowhere (a run's goes to its log). The wait for its imports comes before any
+    request: interrupted there (a ctrl-c), nothing has been forked, and the zygote is killed; a
+    request is then answered in milliseconds, as a spawn is."""
     preloaded = PRELOADED if module == SERVER_MODULE else ()
-    process = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid()), module, *preloaded], env=env, stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+    process = subprocess.Popen(
+        [sys.executable, "-m", __name__, str(os.getpid()), str(path or ""), str(IDLE_S), module, *preloaded],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+        start_new_session=path is not None)
     ready = False
     try:
         assert process.stdout is not None
@@ -151,53 +248,89 @@ def _imported(module: str, env: dict[str, str], key: tuple[tuple[str, str], ...]
         if not ready:
             process.kill()
             process.wait()
-    return Zygote(process, key) if ready else None
+    return process if ready else None
 
 
-def _run_forked(module: str, request: dict, zygote_pid: int, cores: set[int]) -> None:
-    """In the forked child: become the run the request describes, and end as it ends."""
-    # Intel OpenMP, loaded with torch in the zygote, pins a forked child's main thread to the first
-    # of its cores, and every thread and process the server starts would inherit that one core (a
-    # forked server's engine core ran on core 0 of two): the run gets the zygote's cores back
-    os.sched_setaffinity(0, cores)
-    if request["session"]:
-        os.setsid()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its engine core is its own child to wait for
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if request["dies_with_caller"]:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != zygote_pid:  # the zygote, and so its caller, ended before the signal was armed
-            os._exit(128 + signal.SIGTERM)
-    null = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(null)
-    os.close(log)
-    if sys.path and sys.path[0] == os.getcwd():  # `python -m` puts its folder first
-        sys.path[0] = request["cwd"]
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.argv = [sys.modules[module].__file__ or module, *request["args"]]
-    _titled(" ".join([sys.executable, "-m", module, *request["args"]]))
-    code = 0
+@dataclass(frozen=True)
+class _Forker:
+    """What a zygote's forked runs start from: its module, cores and launch folder."""
+
+    module: str
+    cores: set[int]
+    folder: str  # where it was started, which `python -m` put first on its path
+
+    def fork(self, request: dict, inherited: tuple[int, ...] = ()) -> int:
+        """Fork a run for `request`; the child closes the zygote's own `inherited` descriptors."""
+        pid = os.fork()  # nothing is left in a buffer for the child to repeat: each write was flushed
+        if pid == 0:
+            for fd in inherited:
+                os.close(fd)
+            self._run(request)
+        return pid
+
+    def _run(self, request: dict) -> None:
+        """In the forked child: become the run the request describes, and end as it ends."""
+        # Intel OpenMP, loaded with torch in the zygote, pins a forked child's main thread to the first
+        # of its cores, and every thread and process the server starts would inherit that one core (a
+        # forked server's engine core ran on core 0 of two): the run gets the zygote's cores back
+        os.sched_setaffinity(0, self.cores)
+        if request["session"]:
+            os.setsid()
+        # what a spawned run inherits from its caller, which the zygote had from whoever started it
+        os.umask(request["umask"])
+        with contextlib.suppress(PermissionError):  # a lower niceness than the zygote's needs privilege
+            os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its engine core is its own child to wait for
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if request["caller"] is not None:
+            _dies_with(*request["caller"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        if sys.path and sys.path[0] == self.folder:  # `python -m` puts its folder first
+            sys.path[0] = request["cwd"]
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [sys.modules[self.module].__file__ or self.module, *request["args"]]
+        _titled(" ".join([sys.executable, "-m", self.module, *request["args"]]))
+        code = 0
+        try:
+            runpy.run_module(self.module, run_name="__main__", alter_sys=True)
+        except SystemExit as exc:
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        # the exit a spawned run makes, less the interpreter's teardown, where modules a spawned server
+        # never imports report their leaks and bury the server's last words
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+
+
+def _dies_with(pid: int, created: float) -> None:
+    """SIGTERM to this run when the process `pid` ends, however it ends, whoever this run's parent
+    is: a thread waits on its pidfd. A caller already gone (or its pid taken by another) ends it now."""
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    # the exit a spawned run makes, less the interpreter's teardown, where modules a spawned server
-    # never imports report their leaks and bury the server's last words
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
+        caller = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(128 + signal.SIGTERM)
+    if not procs.is_alive(pid, created):
+        os._exit(128 + signal.SIGTERM)
+
+    def watch() -> None:
+        select.select([caller], [], [])  # readable once the process has ended
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="dies-with-caller", daemon=True).start()
 
 
 def _titled(title: str) -> None:
@@ -211,9 +344,9 @@ def _titled(title: str) -> None:
     setproctitle.setproctitle(title)
 
 
-def _main(caller: int, modules: list[str], requests: IO[str], answers: IO[str]) -> None:
-    """Import `modules` (the one to run first), then fork a run of it per request until the caller
-    (the pid that started this) closes the pipe."""
+def _main(caller: int, path: str, idle_s: float, modules: list[str], requests: IO[str], answers: IO[str]) -> None:
+    """Import `modules` (the one to run first), then fork a run of it per request: on the pipe until
+    the caller (the pid that started this) closes it, or with a socket `path` on that socket."""
     import importlib
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ctrl-c at the caller's terminal is the caller's to handle
@@ -243,20 +376,72 @@ def _main(caller: int, modules: list[str], requests: IO[str], answers: IO[str]) 
     gc.enable()
     gc.freeze()  # what was imported stays out of collections, and so its pages stay shared with the forked servers
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the servers as they end
-    me, cores = os.getpid(), os.sched_getaffinity(0)
+    forker = _Forker(modules[0], os.sched_getaffinity(0), os.getcwd())
+    listener = _listening(Path(path)) if path else None
     answers.write(READY)
     answers.flush()
-    for line in requests:
-        request = json.loads(line)
-        pid = os.fork()  # nothing is left in `answers`' buffer for the child to repeat: each write was flushed
-        if pid == 0:
-            _run_forked(modules[0], request, me, cores)
-        answers.write(json.dumps({"pid": pid}) + "\n")
-        answers.flush()
+    if listener is None:
+        for line in requests:
+            answers.write(json.dumps({"pid": forker.fork(json.loads(line))}) + "\n")
+            answers.flush()
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):  # the caller has read what it waited for, and may be gone
+        os.dup2(null, fd)
+    os.chdir("/")  # no folder of a caller's kept busy
+    _serve(listener, Path(path), idle_s, forker)
+
+
+def _listening(path: Path) -> socket.socket:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    listener.listen()
+    return listener
+
+
+def _serve(listener: socket.socket, path: Path, idle_s: float, forker: _Forker) -> None:
+    """Fork a run per request on `listener` from this user, until `idle_s` pass without one, the
+    socket at `path` is gone or replaced, or a request asks this to stop."""
+    own = os.stat(path).st_ino
+    listener.settimeout(_TICK_S)
+    last = time.monotonic()
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if time.monotonic() - last > idle_s or not _listens_at(path, own):
+                break
+            continue
+        with conn:
+            conn.settimeout(10)
+            _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            try:
+                request = json.loads(conn.makefile().readline()) if uid == os.getuid() else None
+            except (OSError, ValueError):
+                continue
+            if not isinstance(request, dict):
+                continue
+            if request.get("stop"):
+                break
+            if "args" in request:
+                pid = forker.fork(request, (listener.fileno(), conn.fileno()))
+                with contextlib.suppress(OSError):
+                    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+        last = time.monotonic()
+    if _listens_at(path, own):
+        path.unlink()
+
+
+def _listens_at(path: Path, inode: int) -> bool:
+    try:
+        return os.stat(path).st_ino == inode
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
     try:
-        _main(int(sys.argv[1]), sys.argv[2:], sys.stdin, sys.stdout)
+        _main(int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4:], sys.stdin, sys.stdout)
     except (KeyboardInterrupt, BrokenPipeError):
         sys.exit(1)
