@@ -94,6 +94,7 @@ def test_a_forked_run_gets_the_starts_argv_environment_folder_and_log(tmp_path: 
         assert said["cwd"] == said["path0"] == str(tmp_path)
         assert said["sid"] == said["pgid"] == pid  # a session of its own
         home_zygote = _home_zygote(pid)
+        assert "VLLM_CPU_KVCACHE_SPACE" not in home_zygote.environ()  # a run's own: not the zygote's, which /proc shows
         # in the caller's group: from this process's own zygote, its child, whatever the home's has imported
         grouped = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="4", OMP_NUM_THREADS="2"), tmp_path / "b.log",
                                own_session=False, dies_with_caller=False)
@@ -138,8 +139,10 @@ def test_the_homes_zygote_forks_for_every_process_of_the_home_and_ends_when_aske
     takes the imports off the later ones, from other processes; stopped, it leaves their runs alone."""
     runs = []
     try:
-        for name, umask, nice in (("first", "022", "0"), ("second", "027", "3")):
-            done = subprocess.run([sys.executable, "-c", ANOTHER, str(TESTS), str(tmp_path / f"{name}.log"), umask, nice],
+        # the second by another name of the same interpreter, as a console script runs it
+        other_name = str(Path(sys.executable).with_name("python3"))
+        for name, python, umask, nice in (("first", sys.executable, "022", "0"), ("second", other_name, "027", "3")):
+            done = subprocess.run([python, "-c", ANOTHER, str(TESTS), str(tmp_path / f"{name}.log"), umask, nice],
                                   capture_output=True, text=True, timeout=60, check=True)
             pid, seconds = done.stdout.split()
             runs.append((int(pid), float(seconds)))

@@ -188,7 +188,9 @@ def _socket_path(key: tuple[tuple[str, str], ...]) -> Path | None:
         if spec is not None and spec.origin is not None:
             files.append(Path(spec.origin))
     installed = [(str(f), st.st_size, st.st_mtime_ns) for f in files for st in (f.stat(),)]
-    what = json.dumps([key, sys.executable, sorted(os.sched_getaffinity(0)), installed])
+    # the interpreter by what it is: a console script runs `python3.11` where a user types `python`
+    interpreter = [os.path.realpath(sys.executable), sys.prefix]
+    what = json.dumps([key, interpreter, sorted(os.sched_getaffinity(0)), installed])
     path = paths.home() / RUN_DIR / f"zygote-{hashlib.sha256(what.encode()).hexdigest()[:16]}.sock"
     return path if len(os.fsencode(path)) <= _SOCKET_PATH_MAX else None
 
@@ -234,11 +236,13 @@ def _launched(module: str, env: dict[str, str], path: Path | None = None) -> sub
     its group and session, or with `path` the home's, in a session of its own, listening there. Its
     own output goes nowhere (a run's goes to its log). The wait for its imports comes before any
     request: interrupted there (a ctrl-c), nothing has been forked, and the zygote is killed; a
-    request is then answered in milliseconds, as a spawn is."""
+    request is then answered in milliseconds, as a spawn is. It imports without the start's
+    per-start settings, which no import reads: they are each run's (an API key among them), and a
+    zygote's environment is what `/proc` shows of every run it forks."""
     preloaded = PRELOADED if module == SERVER_MODULE else ()
     process = subprocess.Popen(
         [sys.executable, "-m", __name__, str(os.getpid()), str(path or ""), str(IDLE_S), module, *preloaded],
-        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+        env={k: v for k, v in env.items() if k not in PER_START}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
         start_new_session=path is not None)
     ready = False
     try:
