@@ -58,7 +58,7 @@ def command_deploy(name: str) -> float:
     its endpoint is stopped after."""
     command = [str(Path(sys.executable).parent / "llmopt"), "deploy", MODEL, "--name", name]
     started = time.monotonic()
-    subprocess.run(command, check=True, capture_output=True)
+    subprocess.run(command, check=True, capture_output=True, timeout=900)
     seconds = round(time.monotonic() - started, 2)
     endpoints.stop(name)
     return seconds

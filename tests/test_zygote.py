@@ -94,6 +94,7 @@ def test_a_forked_run_gets_the_starts_argv_environment_folder_and_log(tmp_path: 
         assert said["cwd"] == said["path0"] == str(tmp_path)
         assert said["sid"] == said["pgid"] == pid  # a session of its own
         home_zygote = _home_zygote(pid)
+        assert not [fd for fd in said["fds"] if fd.startswith(("socket:", "pipe:"))], said["fds"]  # none of the zygote's
         assert "VLLM_CPU_KVCACHE_SPACE" not in home_zygote.environ()  # a run's own: not the zygote's, which /proc shows
         # in the caller's group: from this process's own zygote, its child, whatever the home's has imported
         grouped = zygote.start(argv, _env(VLLM_CPU_KVCACHE_SPACE="4", OMP_NUM_THREADS="2"), tmp_path / "b.log",
@@ -139,20 +140,22 @@ def test_the_homes_zygote_forks_for_every_process_of_the_home_and_ends_when_aske
     takes the imports off the later ones, from other processes; stopped, it leaves their runs alone."""
     runs = []
     try:
-        # the second by another name of the same interpreter, as a console script runs it
+        # the second by another name of the same interpreter, as a console script runs it; the third
+        # at another niceness, which a run inherits from its zygote and cannot always take back
         other_name = str(Path(sys.executable).with_name("python3"))
-        for name, python, umask, nice in (("first", sys.executable, "022", "0"), ("second", other_name, "027", "3")):
+        for name, python, umask, nice in (("first", sys.executable, "022", "0"), ("second", other_name, "027", "0"),
+                                          ("third", sys.executable, "022", "3")):
             done = subprocess.run([python, "-c", ANOTHER, str(TESTS), str(tmp_path / f"{name}.log"), umask, nice],
                                   capture_output=True, text=True, timeout=60, check=True)
             pid, seconds = done.stdout.split()
             runs.append((int(pid), float(seconds)))
-        (first, first_s), (second, second_s) = runs
-        assert first_s > 3 > second_s + 1, runs  # the stand-in's imports take 3 s
+        (first, first_s), (second, second_s), (third, third_s) = runs
+        assert first_s > 3 > second_s + 1 and third_s > 3, runs  # the stand-in's imports take 3 s
         owner = _home_zygote(first)
-        assert _home_zygote(second).pid == owner.pid
+        assert _home_zygote(second).pid == owner.pid != _home_zygote(third).pid
         # what a spawned run would have inherited from its caller, not from whoever started the zygote
-        said = _said(tmp_path / "second.log")
-        assert (said["umask"], said["nice"]) == (0o027, 3) and (_said(tmp_path / "first.log")["umask"]) == 0o022
+        assert _said(tmp_path / "second.log")["umask"] == 0o027 and _said(tmp_path / "first.log")["umask"] == 0o022
+        assert _said(tmp_path / "third.log")["nice"] == 3 and _said(tmp_path / "second.log")["nice"] == 0
         zygote.stop_shared()
         assert _ended(owner.pid) and not list((paths.home() / zygote.RUN_DIR).glob("*.sock"))
         assert all(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid, _ in runs)
@@ -169,10 +172,15 @@ def test_the_homes_zygote_ends_when_idle_or_its_socket_is_gone_and_shrugs_off_ba
     assert pid is not None
     owner = _home_zygote(pid)
     (sock,) = (paths.home() / zygote.RUN_DIR).glob("*.sock")
-    for junk in (b"[1]\n", b"not json\n", b'{"args": 1}\n'):
+    for junk in (b"[1]\n", b"not json\n", b'{"args": 1}\n', b'{"args": [], "env": {}}\n'):
         with socket.socket(socket.AF_UNIX) as conn:
             conn.connect(str(sock))
             conn.sendall(junk)
+            assert conn.makefile().readline() == ""  # no answer, and nothing forked
+    assert [c.pid for c in owner.children()] == [pid]
+    # a run that fails as it sets up (its log cannot be opened) ends there, not in the zygote's code
+    failed = zygote.start(argv, _env(), tmp_path / "no" / "such.log", own_session=True, dies_with_caller=False)
+    assert failed is not None and _ended(failed, timeout_s=5)
     again = zygote.start(argv, _env(), tmp_path / "b.log", own_session=True, dies_with_caller=False)
     assert again is not None and _home_zygote(again).pid == owner.pid
     sock.unlink()
@@ -186,6 +194,27 @@ def test_the_homes_zygote_ends_when_idle_or_its_socket_is_gone_and_shrugs_off_ba
     for run in (pid, again, idle):
         assert psutil.Process(run).status() != psutil.STATUS_ZOMBIE
         os.kill(run, signal.SIGKILL)
+
+
+def test_two_processes_starting_at_once_share_one_homes_zygote(tmp_path: Path) -> None:
+    callers = [subprocess.Popen([sys.executable, "-c", ANOTHER, str(TESTS), str(tmp_path / f"{n}.log"), "022", "0"],
+                                stdout=subprocess.PIPE, text=True) for n in range(2)]
+    runs = [int(caller.communicate(timeout=60)[0].split()[0]) for caller in callers]
+    try:
+        assert len({_home_zygote(run).pid for run in runs}) == 1
+        assert len(list((paths.home() / zygote.RUN_DIR).glob("*.sock"))) == 1
+    finally:
+        for run in runs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(run, signal.SIGKILL)
+
+
+def test_a_start_that_must_die_with_its_caller_is_spawned_where_pidfds_are_missing(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    monkeypatch.setattr(zygote, "_PIDFDS", False)
+    argv = [sys.executable, "-m", MODULE]
+    assert zygote.start(argv, _env(), tmp_path / "a.log", own_session=True, dies_with_caller=True) is None
+    assert not list((paths.home() / zygote.RUN_DIR).glob("*.sock")) and not zygote._ZYGOTES
 
 
 CALLER = """

@@ -26,11 +26,12 @@ Two kinds of zygote serve the two kinds of start:
 - A start in a session of its own (a deploy) comes from the home's zygote, shared by every process
   of the home: a one-off command such as `llmopt deploy` has a single start, and would otherwise
   pay the imports every time. It listens on a Unix socket in the home's `run` folder, named for
-  what it imported (the import key, the interpreter, the caller's cores, and the size and time of
-  llmopt's files and of its engine's packages, so an edited or upgraded install gets a zygote of its
-  own), answers its own user alone, and ends after `IDLE_S` without a start, when its socket is
-  removed (with the home), or when asked (`stop_shared`). The first start pays the imports as
-  before; the starts after it, from any process, do not.
+  what it imported and what its runs inherit from it (the import key, the interpreter, the
+  caller's cores, control group and niceness, and the size and time of llmopt's files and of its
+  engine's packages, so an edited or upgraded install gets a zygote of its own), talks with its
+  own user alone, and ends after `IDLE_S` without a start, when its socket is removed (with the
+  home), or when asked (`stop_shared`). The first start pays the imports as before; the starts
+  after it, from any process, do not.
 `dies_with_caller` sends a forked server SIGTERM when its caller ends, however it ends: the server
 watches the caller's pidfd, whichever zygote is its parent. A zygote reaps its children; their exit
 status is not kept (callers read a server's end in its log).
@@ -58,7 +59,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 from llmopt import paths, procs
 from llmopt.engine import (avx2_int8_linear, guard, kernels, platform, prefill_attention, small_batch_linear,
@@ -89,6 +90,7 @@ RUN_DIR = "run"  # in the home: the sockets of its shared zygotes
 IDLE_S = 600.0  # a home's zygote without a start for this long ends (it holds ~600 MB)
 _TICK_S = 1.0  # how often an idle home's zygote looks whether its socket is still there
 _SOCKET_PATH_MAX = 107  # a Unix socket's path holds 108 bytes, the last a NUL
+LOCK_WAIT_S = 300.0  # a start waits this long for another's start of the home's zygote, then spawns
 
 
 def import_key(module: str, env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -131,17 +133,21 @@ def forks(argv: list[str]) -> bool:
 def start(argv: list[str], env: dict[str, str], log_path: Path, own_session: bool, dies_with_caller: bool) -> int | None:
     """A process forked from a zygote to run `argv` (`python -m MODULE ...`) as the start's
     environment asks: the home's zygote for a start in a session of its own, this process's for one
-    in its group. Its pid, or None where none can fork it (the caller then spawns it)."""
+    in its group. Its pid, or None where none can fork it (the caller then spawns it, as it would
+    where this machine cannot watch a caller's end through a pidfd)."""
     module = argv[2]
     key = import_key(module, env)
-    caller = [os.getpid(), procs.create_time(os.getpid())] if dies_with_caller else None
-    request = {"args": argv[3:], "env": env, "log": str(log_path), "cwd": os.getcwd(), "session": own_session,
-               "caller": caller, "umask": _umask(), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
-    if key in _FAILED:
+    if key in _FAILED or (dies_with_caller and not _PIDFDS):
         return None
-    shared = _socket_path(key) if own_session else None
-    if shared is not None:
-        return _shared_fork(shared, module, env, key, request)
+    try:
+        caller = [os.getpid(), procs.create_time(os.getpid())] if dies_with_caller else None
+        request = {"args": argv[3:], "env": env, "log": str(log_path), "cwd": os.getcwd(), "session": own_session,
+                   "caller": caller, "umask": _umask(), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+        shared = _socket_path(key) if own_session else None
+        if shared is not None:
+            return _shared_fork(shared, module, env, key, request)
+    except (OSError, ValueError, KeyError, IndexError):  # whatever went wrong, a spawn still starts it
+        return None
     with _LOCK:
         for zygote in list(_ZYGOTES):
             if zygote.process.poll() is not None:
@@ -166,6 +172,19 @@ def start(argv: list[str], env: dict[str, str], log_path: Path, own_session: boo
         return None
 
 
+def _pidfds() -> bool:
+    """Whether this kernel lets a process watch another's end through a pidfd (Linux 5.3, and a
+    seccomp profile that allows it)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+_PIDFDS = _pidfds()
+
+
 def _umask() -> int:
     """This process's umask, read without setting it (another thread may be making a file)."""
     status = Path("/proc/self/status").read_text()
@@ -175,32 +194,64 @@ def _umask() -> int:
 def stop_shared() -> None:
     """End the home's zygotes now rather than after `IDLE_S`; the servers they forked go on."""
     for path in (paths.home() / RUN_DIR).glob("zygote-*.sock"):
-        _ask(path, {"stop": True})
-        path.unlink(missing_ok=True)
+        with _locked(path, timeout_s=30) as held:
+            if held:
+                _ask(path, {"stop": True})
+                path.unlink(missing_ok=True)
 
 
 def _socket_path(key: tuple[tuple[str, str], ...]) -> Path | None:
-    """Where the home's zygote for `key` listens, as this process would have it import; None where
-    the home's path is too long for a socket (this process's own zygote serves then)."""
+    """Where the home's zygote for `key` listens, as this process would have it import and its
+    runs would inherit; None where the home's path is too long for a socket, or its `run` folder is
+    open to other users (this process's own zygote serves then)."""
     files = sorted(Path(__file__).parents[1].rglob("*.py"))
     for name in ("vllm", "torch", "transformers"):  # what an upgrade changes, found without importing it
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin is not None:
             files.append(Path(spec.origin))
-    installed = [(str(f), st.st_size, st.st_mtime_ns) for f in files for st in (f.stat(),)]
-    # the interpreter by what it is: a console script runs `python3.11` where a user types `python`
+    installed = []
+    for f in files:
+        with contextlib.suppress(OSError):  # one gone since the listing (an editor's lock file)
+            st = f.stat()
+            installed.append((str(f), st.st_size, st.st_mtime_ns))
+    # the interpreter by what it is (a console script runs `python3.11` where a user types `python`),
+    # and what a run inherits from its zygote rather than its caller: control group and niceness
     interpreter = [os.path.realpath(sys.executable), sys.prefix]
-    what = json.dumps([key, interpreter, sorted(os.sched_getaffinity(0)), installed])
-    path = paths.home() / RUN_DIR / f"zygote-{hashlib.sha256(what.encode()).hexdigest()[:16]}.sock"
+    inherited = [Path("/proc/self/cgroup").read_text(), os.getpriority(os.PRIO_PROCESS, 0)]
+    what = json.dumps([key, interpreter, sorted(os.sched_getaffinity(0)), inherited, installed])
+    run = paths.home().resolve() / RUN_DIR
+    run.mkdir(mode=0o700, exist_ok=True)
+    st = run.lstat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    path = run / f"zygote-{hashlib.sha256(what.encode()).hexdigest()[:16]}.sock"
     return path if len(os.fsencode(path)) <= _SOCKET_PATH_MAX else None
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout_s: float) -> Iterator[bool]:
+    """The lock beside the socket at `path`, held for the block if it came within `timeout_s`
+    (False if not: a process stopped while it held it, its zygote importing, hangs no other)."""
+    with open(path.with_suffix(".lock"), "a") as lock:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(0.1)
+        yield True
 
 
 def _shared_fork(path: Path, module: str, env: dict[str, str], key: tuple[tuple[str, str], ...], request: dict) -> int | None:
     """A server forked by the home's zygote at `path`, started first if none listens there. Under a
     lock: of processes starting at once, one starts it and the others wait for its imports."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(path, timeout_s=LOCK_WAIT_S) as held:
+        if not held:
+            return None
         pid = _ask(path, request)
         if pid is None:
             path.unlink(missing_ok=True)  # a zygote that ended without removing it, killed
@@ -219,16 +270,23 @@ def _shared_fork(path: Path, module: str, env: dict[str, str], key: tuple[tuple[
 
 def _ask(path: Path, request: dict) -> int | None:
     """What the home's zygote at `path` answers `request`: a forked server's pid, or None where no
-    zygote answers (none listens, or one ending)."""
+    zygote of this user answers (none listens, or one ending)."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(30)
             conn.connect(str(path))
+            if _peer_uid(conn) != os.getuid():  # the request carries the start's environment, its secrets too
+                return None
             conn.sendall((json.dumps(request) + "\n").encode())
             answer = conn.makefile().readline()
-    except OSError:
+        return int(json.loads(answer)["pid"]) if answer else None
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return int(json.loads(answer)["pid"]) if answer else None
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid
 
 
 def _launched(module: str, env: dict[str, str], path: Path | None = None) -> subprocess.Popen | None:
@@ -267,27 +325,16 @@ class _Forker:
         """Fork a run for `request`; the child closes the zygote's own `inherited` descriptors."""
         pid = os.fork()  # nothing is left in a buffer for the child to repeat: each write was flushed
         if pid == 0:
-            for fd in inherited:
-                os.close(fd)
-            self._run(request)
+            try:
+                for fd in inherited:
+                    os.close(fd)
+                self._run(request)
+            finally:  # never back into the zygote's own code, whatever failed
+                os._exit(1)
         return pid
 
     def _run(self, request: dict) -> None:
         """In the forked child: become the run the request describes, and end as it ends."""
-        # Intel OpenMP, loaded with torch in the zygote, pins a forked child's main thread to the first
-        # of its cores, and every thread and process the server starts would inherit that one core (a
-        # forked server's engine core ran on core 0 of two): the run gets the zygote's cores back
-        os.sched_setaffinity(0, self.cores)
-        if request["session"]:
-            os.setsid()
-        # what a spawned run inherits from its caller, which the zygote had from whoever started it
-        os.umask(request["umask"])
-        with contextlib.suppress(PermissionError):  # a lower niceness than the zygote's needs privilege
-            os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its engine core is its own child to wait for
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if request["caller"] is not None:
-            _dies_with(*request["caller"])
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(null, 0)
@@ -295,6 +342,12 @@ class _Forker:
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
+        try:  # from here on a failure is told in the run's log
+            self._set_up(request)
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
         if sys.path and sys.path[0] == self.folder:  # `python -m` puts its folder first
             sys.path[0] = request["cwd"]
         os.chdir(request["cwd"])
@@ -318,6 +371,23 @@ class _Forker:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(code)
+
+    def _set_up(self, request: dict) -> None:
+        """What a spawned run would have had from its caller and its start, which the zygote had
+        from whoever started it."""
+        # Intel OpenMP, loaded with torch in the zygote, pins a forked child's main thread to the first
+        # of its cores, and every thread and process the server starts would inherit that one core (a
+        # forked server's engine core ran on core 0 of two): the run gets the zygote's cores back
+        os.sched_setaffinity(0, self.cores)
+        if request["session"]:
+            os.setsid()
+        os.umask(request["umask"])
+        with contextlib.suppress(PermissionError):  # a lower niceness than the zygote's needs privilege
+            os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its engine core is its own child to wait for
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if request["caller"] is not None:
+            _dies_with(*request["caller"])
 
 
 def _dies_with(pid: int, created: float) -> None:
@@ -351,8 +421,6 @@ def _titled(title: str) -> None:
 def _main(caller: int, path: str, idle_s: float, modules: list[str], requests: IO[str], answers: IO[str]) -> None:
     """Import `modules` (the one to run first), then fork a run of it per request: on the pipe until
     the caller (the pid that started this) closes it, or with a socket `path` on that socket."""
-    import importlib
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ctrl-c at the caller's terminal is the caller's to handle
     imported = threading.Event()
 
@@ -392,11 +460,14 @@ def _main(caller: int, path: str, idle_s: float, modules: list[str], requests: I
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):  # the caller has read what it waited for, and may be gone
         os.dup2(null, fd)
+    os.close(null)
     os.chdir("/")  # no folder of a caller's kept busy
     _serve(listener, Path(path), idle_s, forker)
 
 
 def _listening(path: Path) -> socket.socket:
+    """The home's zygote's socket, its owner's alone (its folder is too), bound before the zygote
+    says it has imported, so the caller waiting for that finds it."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     os.chmod(path, 0o600)
@@ -419,25 +490,37 @@ def _serve(listener: socket.socket, path: Path, idle_s: float, forker: _Forker) 
             continue
         with conn:
             conn.settimeout(10)
-            _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
             try:
-                request = json.loads(conn.makefile().readline()) if uid == os.getuid() else None
+                request = json.loads(conn.makefile().readline()) if _peer_uid(conn) == os.getuid() else None
             except (OSError, ValueError):
                 continue
-            if not isinstance(request, dict):
-                continue
-            if request.get("stop"):
+            if isinstance(request, dict) and request.get("stop"):
                 break
-            if "args" in request:
-                pid = forker.fork(request, (listener.fileno(), conn.fileno()))
-                with contextlib.suppress(OSError):
+            if _well_formed(request):
+                try:
+                    pid = forker.fork(request, (listener.fileno(), conn.fileno()))
                     conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+                except OSError:  # no fork (memory), or a caller gone: it spawns, or asks no more
+                    pass
         last = time.monotonic()
     if _listens_at(path, own):
         path.unlink()
 
 
+def _well_formed(request: object) -> bool:
+    """Whether `request` is a start as `start` writes one; anything else is ignored, not forked."""
+    fields = {"args": list, "env": dict, "log": str, "cwd": str, "session": bool, "umask": int, "nice": int}
+    if not (isinstance(request, dict) and all(isinstance(request.get(k), t) for k, t in fields.items())):
+        return False
+    caller = request.get("caller", "")
+    return (all(isinstance(a, str) for a in request["args"])
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in request["env"].items())
+            and (caller is None or (isinstance(caller, list) and len(caller) == 2
+                                    and all(isinstance(c, (int, float)) for c in caller))))
+
+
 def _listens_at(path: Path, inode: int) -> bool:
+    """Whether the socket at `path` is still the one this zygote bound (not removed, not replaced)."""
     try:
         return os.stat(path).st_ino == inode
     except OSError:
