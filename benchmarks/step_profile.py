@@ -37,7 +37,9 @@ BATCHES = (1, 8)
 DECODE_STEPS = 128
 PREFILL_REPEATS = 4
 RESULTS = Path(__file__).parent / "results" / "step_profile.json"
-LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_with_quant", "llmopt::small_batch_linear")
+# vLLM's and llmopt's linear kernels, and torch's matmuls, which a float32 model's layers run on AVX2
+LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_with_quant", "llmopt::small_batch_linear",
+              "aten::mm", "aten::addmm")
 
 
 def phases(timer: Timer, run: Callable[[], None], steps: int) -> dict[str, float]:
@@ -65,7 +67,9 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     timer = Timer()
     timer.install(import_modules=True)
     # no prefix caching: the prefill profile sends one prompt again and again
-    llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False, compilation_config=compilation_config())
+    # in the dtype llmopt serves here (float32 on x86 without AVX-512, where vLLM's bf16 matmul crawls)
+    llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False, compilation_config=compilation_config(),
+              dtype=platform.default_dtype(platform.detect()))
     short = "Write a story about a cat. " * 2
     # the built-in QA workload's first request, as the chat template renders it: a real prefill
     asked = list(workload.builtin_qa(0, 1).requests[0].messages)
