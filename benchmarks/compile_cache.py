@@ -33,8 +33,7 @@ import time
 from pathlib import Path
 
 import llmopt
-from llmopt import EngineConfig, sources
-from llmopt import endpoints
+from llmopt import EngineConfig, endpoints, sources
 from llmopt.engine import compile_cache, platform, vllm, zygote
 
 MODEL = "smollm2-135m-instruct"

@@ -168,10 +168,21 @@ def peak_rss_bytes() -> int:
     """This process's own peak resident memory. Not `ru_maxrss`: Linux carries a parent's peak into
     a child across fork and exec, so a worker started by a 3.3 GB process reported 3.3 GB whatever
     it used itself (a quantization's peak, over its estimate, in CI). VmHWM is this image's alone."""
+    hwm = status_field("VmHWM")  # "123456 kB"
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        if hwm is not None:
+            return int(hwm.split()[0]) * 1024
+    except (ValueError, IndexError):
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def status_field(name: str) -> str | None:
+    """A field of this process's `/proc/self/status` ("VmHWM", "Umask"), None where it has none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{name}:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None

@@ -187,8 +187,10 @@ _PIDFDS = _pidfds()
 
 def _umask() -> int:
     """This process's umask, read without setting it (another thread may be making a file)."""
-    status = Path("/proc/self/status").read_text()
-    return int(status.split("Umask:", 1)[1].split()[0], 8)
+    umask = procs.status_field("Umask")
+    if umask is None:  # a kernel before 4.7: the start is spawned, which inherits it
+        raise OSError("/proc/self/status has no Umask")
+    return int(umask, 8)
 
 
 def stop_shared() -> None:
