@@ -5,7 +5,8 @@ and llmopt's small-batch kernels over the same packed weights (`small_batch_line
 `small_batch_int8_linear` for int8; built if they are not yet), which stand in for vLLM's up to 64
 rows and at 5 to 32. `--out NAME` writes results/NAME instead.
 On x86 without AVX-512 (float32 served, no packed kernels), it compares what runs there instead,
-llmopt's AVX2 W8A8 kernel among them (`avx2` below), and writes results/linear_kernels_avx2.json.
+llmopt's AVX2 W8A8 kernel and its float32 kernel with bf16-held weights among them (`avx2` below),
+and writes results/linear_kernels_avx2.json.
 
 Weights are cold, as in a decode step that streams the whole model: each shape gets enough
 distinct weight copies to fill 300 MB (ten times this machine's last-level cache) and the copies
@@ -35,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from llmopt.engine import avx2_int8_linear, kernels, platform, small_batch_int8_linear, small_batch_linear, vllm
+from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, kernels, platform, small_batch_int8_linear, small_batch_linear,
+                           vllm)
 from llmopt.engine.config import EngineConfig
 
 SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576), "down_proj": (576, 1536),
@@ -167,7 +169,9 @@ def avx2(m: int, n: int, k: int) -> dict[str, float]:
     torch's weight-only int8 kernel (`_weight_int8pack_mm`, gpt-fast's int8), whose vectorized path
     takes bf16 activations: cast from float32 and back, as a float32 model would call it; and
     llmopt's AVX2 W8A8 kernel (`avx2_int8_linear`, the same W8A8 product as oneDNN's), over its
-    packed copies of the same weights."""
+    packed copies of the same weights; and llmopt's float32 kernel over the float weights held in
+    bf16 (`avx2_bf16_linear`: a bf16 checkpoint's unquantized layer), against `F.linear` of the same
+    bf16 values in float32."""
     from vllm import _custom_ops as ops
 
     fp32_copies, int8_copies = max(1, int(COLD_BYTES // (n * k * 4))), max(1, int(COLD_BYTES // (n * k)))
@@ -181,6 +185,8 @@ def avx2(m: int, n: int, k: int) -> dict[str, float]:
     bf16_scales = [s.squeeze(1).to(torch.bfloat16) for s in scales]
     packed = [avx2_int8_linear.pack(w) for w in weights]
     padded_scales = [avx2_int8_linear.padded(s) for s in scales]
+    held_copies = max(1, int(COLD_BYTES // (n * k * 2)))
+    held = [avx2_bf16_linear.pack(floats[i % fp32_copies].bfloat16().float()) for i in range(held_copies)]
 
     def onednn(i: int) -> torch.Tensor:
         return onednn_int8(handlers[i], x, n)
@@ -191,8 +197,13 @@ def avx2(m: int, n: int, k: int) -> dict[str, float]:
     def llmopt(i: int) -> torch.Tensor:
         return torch.ops.llmopt.avx2_int8_linear(x, packed[i], padded_scales[i], None, n)
 
+    def bf16_held(i: int) -> torch.Tensor:
+        return torch.ops.llmopt.avx2_bf16_linear(x, held[i], None, n)
+
     ref = x @ (weights[0].float() * scales[0]).t()
     return {"fp32_s": _time(lambda i: torch.nn.functional.linear(x, floats[i]), fp32_copies),
+            "bf16_held_s": _time(bf16_held, held_copies),
+            "bf16_held_error": _error(bf16_held(0), x @ floats[0].bfloat16().float().t()),
             "onednn_s": _time(onednn, int8_copies), "weight_only_s": _time(weight_only, int8_copies),
             "llmopt_s": _time(llmopt, int8_copies), "onednn_error": _error(onednn(0), ref),
             "weight_only_error": _error(weight_only(0), ref), "llmopt_error": _error(llmopt(0), ref), "weight_bytes": n * k}
@@ -203,10 +214,10 @@ def avx2_rows() -> list[dict]:
     1, 8 and 16 rows, and a prefill chunk of 256, each kernel's time and the weight bytes it
     streamed per second."""
     kernels.load(kernels.build(kernels.AVX2))
-    kinds = ("fp32", "onednn", "weight_only", "llmopt")
+    kinds = ("fp32", "bf16_held", "onednn", "weight_only", "llmopt")
     rows = []
-    print(f"{'rows':>4} {'layer':<13} {'float32 us':>11} {'GB/s':>6} {'oneDNN W8A8 us':>15} {'GB/s':>6} "
-          f"{'int8 weight-only us':>20} {'GB/s':>6} {'llmopt AVX2 W8A8 us':>20} {'GB/s':>6}")
+    print(f"{'rows':>4} {'layer':<13} {'float32 us':>11} {'GB/s':>6} {'llmopt bf16-held us':>20} {'GB/s':>6} "
+          f"{'oneDNN W8A8 us':>15} {'GB/s':>6} {'int8 weight-only us':>20} {'GB/s':>6} {'llmopt AVX2 W8A8 us':>20} {'GB/s':>6}")
     for m in (1, 8, 16, 256):
         step = dict.fromkeys(kinds, 0.0)
         for layer, (n, k) in SHAPES.items():
@@ -214,12 +225,13 @@ def avx2_rows() -> list[dict]:
             rows.append(row)
             for kind in kinds:
                 step[kind] += row[f"{kind}_s"] * (1 if layer == "lm_head" else 30)
-            widths = {"fp32": 4, "onednn": 1, "weight_only": 1, "llmopt": 1}
+            widths = {"fp32": 4, "bf16_held": 2, "onednn": 1, "weight_only": 1, "llmopt": 1}
             cells = [f"{row[f'{kind}_s'] * 1e6:>{w}.1f} {row['weight_bytes'] * widths[kind] / row[f'{kind}_s'] / 1e9:>6.1f}"
-                     for kind, w in zip(kinds, (11, 15, 20, 20))]
+                     for kind, w in zip(kinds, (11, 20, 15, 20, 20))]
             print(f"{m:>4} {layer:<13} {' '.join(cells)}", flush=True)
         rows.append({"dtype": "avx2", "rows": m, "layer": "a decode step", **{f"{kind}_s": step[kind] for kind in kinds}})
-        print(f"{m:>4} a decode step: float32 {step['fp32'] * 1e3:.2f} ms, oneDNN W8A8 {step['onednn'] * 1e3:.2f} ms "
+        print(f"{m:>4} a decode step: float32 {step['fp32'] * 1e3:.2f} ms, llmopt bf16-held {step['bf16_held'] * 1e3:.2f} ms "
+              f"({step['fp32'] / step['bf16_held']:.2f}x float32), oneDNN W8A8 {step['onednn'] * 1e3:.2f} ms "
               f"({step['fp32'] / step['onednn']:.2f}x float32), int8 weight-only {step['weight_only'] * 1e3:.2f} ms "
               f"({step['fp32'] / step['weight_only']:.2f}x float32), llmopt AVX2 W8A8 {step['llmopt'] * 1e3:.2f} ms "
               f"({step['fp32'] / step['llmopt']:.2f}x float32)", flush=True)

@@ -101,9 +101,12 @@ def main() -> None:
         if job.artifact is None:
             raise SystemExit(f"{kind}: job {job.name} ended {job.status}: {job.record.failure_reason}")
         built[kind] = Path(job.artifact)
-    # read from the headers once, in the dtype each is served in here (float32 on x86 without AVX-512)
+    # read from the headers once, in the dtype each is served in here (float32 on x86 without AVX-512,
+    # bf16 matrices held as stored under llmopt's AVX2 kernel)
     manifests = {kind: artifact.load(folder) for kind, folder in built.items()}
-    streamed = {kind: traffic(folder, vllm.dtype(manifests[kind].engine.settings, hardware)) for kind, folder in built.items()}
+    streamed = {kind: traffic(folder, vllm.dtype(manifests[kind].engine.settings, hardware),
+                              vllm.holds_bf16_weights(manifests[kind].engine.settings, hardware))
+                for kind, folder in built.items()}
     measured: list[Rates] = []
     speeds: dict[str, list[dict[str, tuple[float, Speculation | None]]]] = {kind: [] for kind in built}
     for round_ in range(1, args.rounds + 1):

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llmopt import EngineConfig, roofline, sources
-from llmopt.engine import kernels, platform, prefill_attention, small_batch_linear, vllm
+from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, kernels, platform, prefill_attention, small_batch_linear,
+                           vllm, weight_only_int8_linear)
 from phase_timer.phase_timer import PHASES, Timer
 
 MODEL = "smollm2-135m-instruct"
@@ -39,6 +40,7 @@ PREFILL_REPEATS = 4
 RESULTS = Path(__file__).parent / "results" / "step_profile.json"
 # vLLM's and llmopt's linear kernels, and torch's matmuls, which a float32 model's layers run on AVX2
 LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_with_quant", "llmopt::small_batch_linear",
+              "llmopt::avx2_int8_linear", "llmopt::avx2_bf16_linear",
               "aten::mm", "aten::addmm")
 
 
@@ -63,7 +65,8 @@ def main(model: str, kernels: str | None, out: Path) -> None:
 
     serve.kernels_from_environment()
     folder = Path(model) if Path(model).is_dir() else Path(sources.resolve(model).path)
-    traffic = roofline.traffic(folder)
+    served = EngineConfig(linear_kernels=kernels)
+    traffic = roofline.traffic(folder, vllm.dtype(served, None), vllm.holds_bf16_weights(served, None))
     timer = Timer()
     timer.install(import_modules=True)
     # no prefix caching: the prefill profile sends one prompt again and again
@@ -139,7 +142,8 @@ def in_engine_environment(chosen: str | None) -> None:
     each choice: the kernels are ops in the graph, and vLLM's key for its saved model does not know
     them (llmopt's compile cache does, `compile_cache.components`)."""
     engine_env = vllm.environment(EngineConfig(max_model_len=2048, linear_kernels=chosen), platform.detect())
-    unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV) if name not in engine_env]
+    unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
+                               avx2_int8_linear.ENV, avx2_bf16_linear.ENV, weight_only_int8_linear.ENV) if name not in engine_env]
     if any(os.environ.get(name) != value for name, value in engine_env.items()) or any(n in os.environ for n in unset):
         clean = {k: v for k, v in os.environ.items() if k not in unset}
         cache = Path.home() / ".cache" / "llmopt-step-profile" / vllm.linear_kernels(EngineConfig(linear_kernels=chosen), platform.detect())

@@ -16,7 +16,7 @@ import pytest
 
 import llmopt
 from llmopt import client, endpoints, procs
-from llmopt.engine import (attention_calls, avx2_int8_linear, kernels, platform, prefill_attention, small_batch_linear, vllm,
+from llmopt.engine import (attention_calls, avx2_bf16_linear, avx2_int8_linear, kernels, platform, prefill_attention, small_batch_linear, vllm,
                            weight_only_int8_linear, zygote)
 from llmopt.engine.config import CompilationConfig, EngineConfig
 from llmopt.errors import LlmoptError
@@ -129,8 +129,8 @@ def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, e
 def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> None:
     """Without AMX, vLLM's packed-weight kernels (the engine's log says so), with llmopt's small-batch
     kernel and prefill attention where they are built (loaded in the engine core, where the model
-    runs); with AMX, vLLM's choice; on x86 without AVX-512 nor VNNI, llmopt's AVX2 library (its int8
-    kernel) beside vLLM's float layers. Its attention layers, on CPU, through llmopt's lean calls."""
+    runs); with AMX, vLLM's choice; on x86 without AVX-512 nor VNNI, llmopt's AVX2 library: its int8
+    kernel, and its float32 one with bf16-held weights for the model's layers and tied lm_head. Its attention layers, on CPU, through llmopt's lean calls."""
     hw = platform.detect()
     chosen = vllm.linear_kernels(EngineConfig(), hw)
     packed = chosen in ("packed", "llmopt") and not platform.avx2_int8_applies(hw)
@@ -148,8 +148,11 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     mapped = {Path(m.path).name for m in core.memory_maps(grouped=False)}
     attention = vllm.attention_kernel(EngineConfig(), hw)
     assert (kernels.library_path(platform.kernel_library(hw)).name in mapped) == ("llmopt" in (chosen, attention)), (chosen, attention)
+    avx2 = chosen == "llmopt" and platform.avx2_int8_applies(hw)
     for line, used in (("small-batch bf16 linear kernel", chosen == "llmopt" and packed), ("bf16 prefill attention kernel", attention == "llmopt"),
-                       (attention_calls.LINE, hw.device == "cpu")):
+                       (attention_calls.LINE, hw.device == "cpu"),
+                       (f"Using {avx2_bf16_linear.KERNEL} for UnquantizedLinearMethod", avx2),
+                       (f"Using {avx2_bf16_linear.KERNEL} for UnquantizedEmbeddingMethod", avx2)):
         said = [entry for entry in log if line in entry]
         assert len(said) == used and all(entry.startswith("(EngineCore") for entry in said), said
 
@@ -249,6 +252,7 @@ def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], en
     assert (platform.PACKED_LINEAR_ENV in env) == (expected in ("packed", "llmopt") and not avx2)
     assert (env.get(small_batch_linear.ENV) == "1") == (expected == "llmopt" and not avx2)
     assert (env.get(avx2_int8_linear.ENV) == "1") == (expected == "llmopt" and avx2)
+    assert (env.get(avx2_bf16_linear.ENV) == "1") == (expected == "llmopt" and avx2)
     assert (env.get(weight_only_int8_linear.ENV) == "1") == (expected == "weight_only")
     attention = vllm.attention_kernel(engine, hw)
     assert attention == (engine.attention_kernel or ("llmopt" if built and platform.llmopt_kernels_apply(hw) else "vllm"))
@@ -258,7 +262,7 @@ def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], en
         assert env[kernels.LIBRARY_ENV] == f"/built/{platform.kernel_library(hw).prefix}.so"
     image = vllm.image_environment(engine, hw)  # vLLM's own image has none of them
     assert not {platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
-                weight_only_int8_linear.ENV, avx2_int8_linear.ENV} & set(image)
+                weight_only_int8_linear.ENV, avx2_int8_linear.ENV, avx2_bf16_linear.ENV} & set(image)
 
 
 @pytest.mark.parametrize("flags, engine, wrapper", [

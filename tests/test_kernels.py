@@ -5,7 +5,8 @@ and is as close to exact attention; the lean attention calls (`attention_calls`)
 backend methods' bits; and the library's build failures are said in one line. The engine tests
 serve every model through them where they are the engine's choice (test_endpoints checks that the
 engine core loaded them). On x86 without AVX-512 nor VNNI, the AVX2 W8A8 kernel computes its
-reference's bits (SmoothQuant's product, exactly)."""
+reference's bits (SmoothQuant's product, exactly), and the float32 kernel with bf16-held weights is
+as close to float64 as oneDNN's float32 product and takes only the layers bf16 holds exactly."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import sys
 
 import pytest
 
-from llmopt.engine import avx2_int8_linear, kernels, platform, prefill_attention, small_batch_int8_linear, small_batch_linear
+from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, kernels, platform, prefill_attention, small_batch_int8_linear,
+                           small_batch_linear)
 from llmopt.errors import LlmoptError
 
 HW = platform.detect()
@@ -243,6 +245,94 @@ def test_the_avx2_int8_kernel_computes_the_reference_at_every_batch() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     checked = len(avx2_int8_linear.CHECKED_SHAPES) * 2 * len(avx2_int8_linear.CHECKED_ROWS)
     assert done.stdout.split()[-1] == str(checked)
+
+
+AVX2_BF16 = """
+import torch
+import torch.nn.functional as F
+from vllm.model_executor.layers import utils
+from llmopt.engine import avx2_bf16_linear, kernels
+library = kernels.build(kernels.AVX2)
+checked = avx2_bf16_linear.compare(library)
+n, k = 1000, 576  # channels that do not fill a block
+weight = torch.randn(n, k).bfloat16().float()
+packed = avx2_bf16_linear.pack(weight)
+ours = torch.compile(lambda x: torch.ops.llmopt.avx2_bf16_linear(x, packed, None, n), dynamic=True)
+for m in (3, 6, 12, 70):
+    x = torch.randn(m, k)
+    assert torch.equal(ours(x), torch.ops.llmopt.avx2_bf16_linear(x, packed, None, n))
+
+
+def layer(weight, bias=None):
+    \"\"\"A layer as vLLM's unquantized method holds one when its weights are loaded.\"\"\"
+    module = torch.nn.Module()
+    module.weight = weight if isinstance(weight, torch.nn.Parameter) else torch.nn.Parameter(weight, requires_grad=False)
+    module.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+    module.quant_method = object()
+    return module
+
+
+def distance(out, x, weight, bias):
+    exact = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    return (out.double() - exact).abs().max().item(), (F.linear(x, weight, bias).double() - exact).abs().max().item()
+
+
+vllms = utils.dispatch_cpu_unquantized_gemm
+avx2_bf16_linear.use(library)
+# a bf16 checkpoint's layer, upcast to float32: packed in bf16, its float32 weight let go as vLLM's would be
+weight, bias = torch.randn(40, 64).bfloat16().float(), torch.randn(40)
+held = layer(weight.clone(), bias)
+utils.dispatch_cpu_unquantized_gemm(held, remove_weight=True)
+assert held.weight.numel() == 0
+x = torch.randn(2, 3, 64)
+for given in (held.bias, torch.randn(40), None):  # its own, padded once at load; another, padded when called
+    out = utils.cpu_unquantized_gemm(held, x, held.weight, given)
+    assert out.shape == (2, 3, 40)
+    ours_error, torchs = distance(out.reshape(-1, 40), x.reshape(-1, 64), weight, given)
+    assert ours_error <= avx2_bf16_linear.TOLERANCE * torchs + 1e-6, (ours_error, torchs)
+# weights bf16 does not hold: vLLM's own choice, the same bits as a layer it dispatched itself
+full = torch.randn(40, 64)
+kept, theirs = layer(full.clone()), layer(full.clone())
+utils.dispatch_cpu_unquantized_gemm(kept, remove_weight=True)
+vllms(theirs, remove_weight=True)
+x = torch.randn(5, 64)
+assert torch.equal(utils.cpu_unquantized_gemm(kept, x, kept.weight), utils.cpu_unquantized_gemm(theirs, x, theirs.weight))
+# a tied lm_head: the embeddings' weight, kept for their lookups, packed once for both
+shared = torch.nn.Parameter(torch.randn(300, 64).bfloat16().float(), requires_grad=False)
+embeddings, head = layer(shared), layer(shared)
+utils.dispatch_cpu_unquantized_gemm(embeddings, remove_weight=False)
+first = getattr(shared, avx2_bf16_linear.PACKED)
+utils.dispatch_cpu_unquantized_gemm(head, remove_weight=False)
+assert getattr(shared, avx2_bf16_linear.PACKED) is first and head.weight is shared and shared.numel() == 300 * 64
+x = torch.randn(4, 64)
+assert torch.equal(utils.cpu_unquantized_gemm(head, x, head.weight), utils.cpu_unquantized_gemm(embeddings, x, shared))
+print(checked)
+"""
+
+
+@avx2_here
+def test_the_avx2_bf16_kernel_is_as_exact_as_onednn_and_takes_only_bf16_weights() -> None:
+    """Float32 layers of a bf16 checkpoint without AVX-512: their weights held in bf16 (half the bytes
+    a step streams) and products no further from float64 than oneDNN's float32 ones, at every row
+    count, traced by torch.compile; as vLLM's unquantized layers call it, with a bias of their own or
+    another; a layer whose weights bf16 does not hold keeps vLLM's bits; a tied lm_head packs once."""
+    done = subprocess.run([sys.executable, "-c", AVX2_BF16], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checked = len(avx2_bf16_linear.CHECKED_SHAPES) * 2 * len(avx2_bf16_linear.CHECKED_ROWS)
+    assert done.stdout.split()[-1] == str(checked)
+
+
+def test_the_avx2_bf16_packing_keeps_every_weight_in_its_channel() -> None:
+    """The packed blocks, read back as the kernel widens them (each 128-bit half of a line
+    interleaved with zeros), give every channel's weights in order, padding channels zero."""
+    import torch
+
+    weight = torch.randn(37, 5).bfloat16().float()
+    packed = avx2_bf16_linear.pack(weight).view(-1, 5, 2, 2, 4)  # blocks, inputs, 128-bit halves, vectors, 4 channels
+    widened = torch.cat([packed[:, :, :, 0], packed[:, :, :, 1]], dim=2).reshape(-1, 5, 16)  # vpunpcklwd, vpunpckhwd
+    unpacked = widened.transpose(1, 2).reshape(-1, 5).float()
+    assert torch.equal(unpacked[:37], weight) and not unpacked[37:].any()
+    assert avx2_bf16_linear.exact(weight) and not avx2_bf16_linear.exact(weight + 1e-4)
 
 
 WEIGHT_ONLY_INT8 = INT8_LAYER + """

@@ -209,6 +209,14 @@ def test_what_a_decode_step_reads_and_where_it_is_bound(smol: sources.Model) -> 
     one, limit_one = roofline.bound_tokens_per_s(found, rates, batch=1, context=0)
     assert limit_one == "memory" and one == pytest.approx(20e9 / found.weights_bytes)
     assert roofline.bound_tokens_per_s(found, rates, batch=64, context=0)[1] == "compute"
+    # served in float32: every tensor twice its bf16 bytes, but matrices held in bf16 (llmopt's AVX2
+    # kernel) stream as stored; the norms and the embedding row looked up are float32 all the same
+    wide = roofline.traffic(folder, "float32")
+    assert wide.weights_bytes == 2 * found.weights_bytes and wide.kv_bytes_per_position == 2 * found.kv_bytes_per_position
+    held = roofline.traffic(folder, "float32", bf16_held=True)
+    norms = sum(size for name, size in sizes.items() if "norm" in name)
+    assert held.weights_bytes == found.weights_bytes + norms + sizes[embed] // tensors[embed]["shape"][0]
+    assert held.macs_bf16 == found.macs_bf16 and held.kv_bytes_per_position == wide.kv_bytes_per_position
 
 
 def test_a_levels_decode_speed_against_the_bound_by_hand() -> None:

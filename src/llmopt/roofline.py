@@ -161,10 +161,12 @@ def tensors(folder: Path) -> dict[str, dict]:
     return found
 
 
-def traffic(folder: Path, dtype: str = "bfloat16") -> Traffic:
+def traffic(folder: Path, dtype: str = "bfloat16", bf16_held: bool = False) -> Traffic:
     """What a decode step reads and computes served in `dtype`: vLLM casts unquantized weights and
     biases to it, and keeps the KV cache in it; quantized weights and their scales stay as stored.
-    All zeros for what is not a model folder with safetensors (a GGUF file, a remote server's)."""
+    `bf16_held`: the matrices of unquantized layers stored in bf16 stream as stored whatever `dtype`
+    (llmopt's AVX2 float32 kernel, `vllm.holds_bf16_weights`). All zeros for what is not a model
+    folder with safetensors (a GGUF file, a remote server's)."""
     if not (folder / "config.json").is_file():
         return Traffic(weights_bytes=0, kv_bytes_per_position=0, macs_int8=0, macs_bf16=0, dtype=dtype)
     config = json.loads((folder / "config.json").read_text())
@@ -173,19 +175,21 @@ def traffic(folder: Path, dtype: str = "bfloat16") -> Traffic:
     tied = not any("lm_head" in name for name in found)  # no lm_head of its own: the embeddings serve as one
     streamed, macs_int8, macs_bf16, head_macs = 0, 0, 0, 0
     for name, info in found.items():
-        size = info["data_offsets"][1] - info["data_offsets"][0]
+        stored = info["data_offsets"][1] - info["data_offsets"][0]
+        size = stored
         if info["dtype"] in STORED_FLOATS and name.endswith(("weight", "bias")):
-            size = size // STORED_FLOATS[info["dtype"]] * width
+            size = stored // STORED_FLOATS[info["dtype"]] * width
+        held = bf16_held and info["dtype"] == "BF16" and name.endswith("weight") and len(info["shape"]) == 2
         if "embed_tokens" in name:
-            streamed += size // info["shape"][0]  # one row per token
+            streamed += size // info["shape"][0]  # one row per token, looked up in `dtype`
             if tied:
-                streamed += size  # the lm_head is the embedding matrix, read in full
+                streamed += stored if held else size  # the lm_head is the embedding matrix, read in full
                 head_macs = info["shape"][0] * info["shape"][1]
                 macs_bf16 += head_macs
             continue
         if name == "lm_head.weight":
             head_macs = info["shape"][0] * info["shape"][1]
-        streamed += size
+        streamed += stored if held and "norm" not in name else size
         if name.endswith("weight") and len(info["shape"]) == 2 and "norm" not in name:
             if info["dtype"] == "I8":
                 macs_int8 += info["shape"][0] * info["shape"][1]

@@ -10,8 +10,9 @@ whether it exists. A build is kept only once it has loaded beside vLLM and each 
 with vLLM's (`small_batch_linear.compare` and `small_batch_int8_linear.compare`: the same bits; `prefill_attention.compare`: no further
 from attention in float64 than vLLM's, and vLLM's bits for what it hands over). `scripts/install.sh` builds it; a deploy that asks for a kernel builds it first.
 
-On x86 processors with AVX2 and neither AVX-512 nor VNNI a second library (`AVX2`) holds the one
-kernel llmopt has there, the W8A8 linear layer `avx2_int8_linear.cpp`, built and kept the same way.
+On x86 processors with AVX2 and neither AVX-512 nor VNNI a second library (`AVX2`) holds the two
+kernels llmopt has there, the W8A8 linear layer `avx2_int8_linear.cpp` and the float32 one with
+bf16-held weights `avx2_bf16_linear.cpp`, built and kept the same way.
 """
 
 from __future__ import annotations
@@ -70,13 +71,13 @@ print(small_batch_linear.compare(sys.argv[1], ops.weight_packed_linear_cpu),
 )
 AVX2 = Library(
     prefix="llmopt-avx2-kernels-",
-    sources=(Path(__file__).with_name("avx2_int8_linear.cpp"),),
+    sources=tuple(Path(__file__).with_name(name) for name in ("avx2_int8_linear.cpp", "avx2_bf16_linear.cpp")),
     # no contraction: the epilogue's multiplies and add are rounded one by one, as the reference's
     flags=(*COMMON_FLAGS, "-mavx2", "-mfma", "-ffp-contract=off", ABI),
     self_check="""
 import sys, torch, vllm._custom_ops  # loaded beside vLLM's own CPU library, as in the engine
-from llmopt.engine import avx2_int8_linear
-print(avx2_int8_linear.compare(sys.argv[1]))
+from llmopt.engine import avx2_bf16_linear, avx2_int8_linear
+print(avx2_int8_linear.compare(sys.argv[1]), avx2_bf16_linear.compare(sys.argv[1]))
 """,
     fallback="set linear_kernels: weight_only",
 )
@@ -167,6 +168,7 @@ def _out_shapes() -> dict[str, Callable[..., Any]]:
         "small_batch_linear": lambda x, packed, bias, n: x.new_empty((x.shape[0], n)),
         "small_batch_int8_linear": lambda x, packed, scales, bias: x.new_empty((x.shape[0], packed.shape[0])),
         "avx2_int8_linear": lambda x, packed, scales, bias, n: x.new_empty((x.shape[0], n)),
+        "avx2_bf16_linear": lambda x, packed, bias, n: x.new_empty((x.shape[0], n)),
     }
 
 

@@ -202,8 +202,10 @@ def default_linear_kernels(hw: Hardware) -> str:
     (benchmarks/engine_cpu_settings.py). With them, llmopt's small-batch kernel where it is built
     (`small_batch_linear`): vLLM's packed kernel multiplies 5 rows or more at about the fp32 rate
     there. With AMX, vLLM's own choice was not measured against them and stays. On x86 without
-    AVX-512 nor VNNI, int8 layers through llmopt's AVX2 W8A8 kernel where it is built, else torch's
-    weight-only int8 kernel (`weight_only_int8_linear`): oneDNN's int8 has no fast path there.
+    AVX-512 nor VNNI, llmopt's AVX2 kernels where they are built: its W8A8 one for int8 layers
+    (oneDNN's int8 has no fast path there), and for float32 layers whose weights bf16 holds exactly
+    its float32 one streaming them in bf16 (`avx2_bf16_linear`: 2.0x oneDNN's float32 layers at one
+    row); where not built, torch's weight-only int8 kernel (`weight_only_int8_linear`) and oneDNN.
     AVX-VNNI processors (AVX2 with VNNI) keep vLLM's choice: not measured there."""
     if avx2_int8_applies(hw):
         return "llmopt" if kernels.built(kernels.AVX2) else "weight_only"

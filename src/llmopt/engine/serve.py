@@ -52,8 +52,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from llmopt.engine import (attention_calls, avx2_int8_linear, kernels, prefill_attention, small_batch_int8_linear,
-                           small_batch_linear, weight_only_int8_linear)
+from llmopt.engine import (attention_calls, avx2_bf16_linear, avx2_int8_linear, kernels, prefill_attention,
+                           small_batch_int8_linear, small_batch_linear, weight_only_int8_linear)
 from llmopt.engine.platform import (INDUCTOR_KERNELS_ENV, KERNEL_REUSED_LINE,
                                    MODEL_INFOS_ENV, PACKED_LINEAR_ENV, SHORT_WARM_UP_LINE, SPAWNED_CORE_ENV,
                                    VLLM_ATTENTION_CALLS_ENV)
@@ -316,6 +316,8 @@ def kernels_from_environment() -> None:
         weight_only_int8_linear.use()
     if library and os.environ.get(avx2_int8_linear.ENV) == "1":
         avx2_int8_linear.use(library)
+    if library and os.environ.get(avx2_bf16_linear.ENV) == "1":
+        avx2_bf16_linear.use(library)
     if library and os.environ.get(prefill_attention.ENV) == "1":
         prefill_attention.use(library)
     if os.environ.get(VLLM_ATTENTION_CALLS_ENV) != "1":

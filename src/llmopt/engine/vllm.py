@@ -27,8 +27,8 @@ from pathlib import Path
 import httpx
 
 from llmopt import paths, procs
-from llmopt.engine import (avx2_int8_linear, guard, kernels, platform, prefill_attention, small_batch_linear,
-                           weight_only_int8_linear, zygote)
+from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, guard, kernels, platform, prefill_attention,
+                           small_batch_linear, weight_only_int8_linear, zygote)
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 
@@ -152,6 +152,14 @@ def dtype(config: EngineConfig, hw: platform.Hardware | None) -> str:
     return config.dtype or platform.default_dtype(hw or platform.detect())
 
 
+def holds_bf16_weights(config: EngineConfig, hw: platform.Hardware | None) -> bool:
+    """Whether unquantized layers stream bf16 weights though the activations are float32: llmopt's
+    AVX2 float32 kernel (`avx2_bf16_linear`) on the machine `hw` (this one when None)."""
+    hw = hw or platform.detect()
+    return (platform.avx2_int8_applies(hw) and dtype(config, hw) == "float32"
+            and (config.linear_kernels or platform.default_linear_kernels(hw)) == "llmopt")
+
+
 def graph_wrapper(config: EngineConfig, hw: platform.Hardware | None) -> str | None:
     """How the compiled graph calls its kernels on the machine `hw` (this one when None, detected
     only if the choice depends on it); None when the model runs eagerly."""
@@ -201,7 +209,7 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     if linear in ("packed", "llmopt") and not avx2:
         env[platform.PACKED_LINEAR_ENV] = "1"
     if linear == "llmopt":
-        env[avx2_int8_linear.ENV if avx2 else small_batch_linear.ENV] = "1"
+        env.update(dict.fromkeys((avx2_int8_linear.ENV, avx2_bf16_linear.ENV) if avx2 else (small_batch_linear.ENV,), "1"))
     if linear == "weight_only":
         env[weight_only_int8_linear.ENV] = "1"
     if attention == "llmopt":

@@ -62,8 +62,8 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from llmopt import paths, procs
-from llmopt.engine import (avx2_int8_linear, guard, kernels, platform, prefill_attention, small_batch_linear,
-                           weight_only_int8_linear)
+from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, guard, kernels, platform, prefill_attention,
+                           small_batch_linear, weight_only_int8_linear)
 
 OFF_ENV = "LLMOPT_SPAWNED_SERVER"  # set: every server is spawned and imports for itself (benchmarks)
 SERVER_MODULE = "llmopt.engine.serve"
@@ -81,7 +81,7 @@ IMPORT_PREFIXES = ("VLLM_", "TORCH", "LD_", "OMP_", "KMP_", "MKL_", "GOMP_", "PY
 PER_START = frozenset({
     "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", guard.API_KEY_ENV,
     "VLLM_ENABLE_V1_MULTIPROCESSING", "TORCHINDUCTOR_CACHE_DIR", platform.PACKED_LINEAR_ENV, small_batch_linear.ENV,
-    avx2_int8_linear.ENV, weight_only_int8_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
+    avx2_int8_linear.ENV, avx2_bf16_linear.ENV, weight_only_int8_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
     platform.INDUCTOR_KERNELS_ENV, platform.MODEL_INFOS_ENV, platform.SPAWNED_CORE_ENV, platform.VLLM_ATTENTION_CALLS_ENV,
     guard.NO_CHAT_ENV, paths.HOME_ENV,
 })

@@ -132,9 +132,10 @@ def decode_bounds(found: list[Level], weights: Path | None, engine: EngineConfig
         return
     spec = engine.speculative if engine is not None else None
     dtype = vllm.dtype(engine or EngineConfig(), None)
+    held = vllm.holds_bf16_weights(engine or EngineConfig(), None)
     try:
-        traffic = roofline.traffic(weights, dtype)
-        draft = roofline.traffic(Path(spec.model), dtype) if spec is not None and spec.model else None
+        traffic = roofline.traffic(weights, dtype, held)
+        draft = roofline.traffic(Path(spec.model), dtype, held) if spec is not None and spec.model else None
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return
     for level in found:
