@@ -1,7 +1,9 @@
 """SmoothQuant's int8 layers where vLLM has only oneDNN for them (x86 without AVX-512 nor VNNI,
 float32 served): vLLM's oneDNN W8A8 (`linear_kernels: vllm`), torch's weight-only int8 kernel with
 bf16 activations (`linear_kernels: weight_only`), and llmopt's AVX2 W8A8 kernel (`linear_kernels:
-llmopt`, llmopt's default there where it is built), beside the float32 source.
+llmopt`, llmopt's default there where it is built), beside the float32 source, served as llmopt
+serves it there (its weights held in bf16 by llmopt's AVX2 float32 kernel where it is built,
+`avx2_bf16_linear`) and as vLLM does (`linear_kernels: vllm`: float32 weights through oneDNN).
 
 Without VNNI, oneDNN sums pairs of int8 products in 16 bits, which saturate, and its int8 products
 stream 0.3-1.6 GB/s of weights (`linear_kernels.py`). The weight-only kernel reads the same int8
@@ -70,7 +72,8 @@ def main() -> None:
     if job.artifact is None:
         raise SystemExit(f"job {job.name} ended {job.status}: {job.record.failure_reason}")
     quantized = serving.for_target(str(job.artifact))
-    rows = {"float32 source": serving.for_target(MODEL, EngineConfig())}
+    rows = {"float32 source": serving.for_target(MODEL, EngineConfig()),
+            "float32 source, oneDNN": serving.for_target(MODEL, EngineConfig(linear_kernels="vllm"))}
     for label, kernel in KERNELS.items():
         if kernel in args.rows or "all" in args.rows:
             rows[label] = replace(quantized, engine=quantized.engine.model_copy(update={"linear_kernels": kernel}))

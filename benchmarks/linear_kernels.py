@@ -164,7 +164,8 @@ def int8(m: int, n: int, k: int) -> dict[str, float]:
 
 
 def avx2(m: int, n: int, k: int) -> dict[str, float]:
-    """Without AVX-512 (vLLM's AVX2 build, float32 served): float32 `F.linear` (an unquantized layer),
+    """Without AVX-512 (vLLM's AVX2 build, float32 served): float32 `F.linear`, and vLLM's oneDNN
+    float32 product (`onednn_mm`, what vLLM gives an unquantized layer there),
     vLLM's oneDNN W8A8 (a SmoothQuant layer: per-channel weights, per-token dynamic activations) and
     torch's weight-only int8 kernel (`_weight_int8pack_mm`, gpt-fast's int8), whose vectorized path
     takes bf16 activations: cast from float32 and back, as a float32 model would call it; and
@@ -186,6 +187,7 @@ def avx2(m: int, n: int, k: int) -> dict[str, float]:
     packed = [avx2_int8_linear.pack(w) for w in weights]
     padded_scales = [avx2_int8_linear.padded(s) for s in scales]
     held_copies = max(1, int(COLD_BYTES // (n * k * 2)))
+    float_handlers = [ops.create_onednn_mm(w.t(), 32) for w in floats]
     held = [avx2_bf16_linear.pack(floats[i % fp32_copies].bfloat16().float()) for i in range(held_copies)]
 
     def onednn(i: int) -> torch.Tensor:
@@ -202,6 +204,7 @@ def avx2(m: int, n: int, k: int) -> dict[str, float]:
 
     ref = x @ (weights[0].float() * scales[0]).t()
     return {"fp32_s": _time(lambda i: torch.nn.functional.linear(x, floats[i]), fp32_copies),
+            "onednn_fp32_s": _time(lambda i: ops.onednn_mm(float_handlers[i], x, None), fp32_copies),
             "bf16_held_s": _time(bf16_held, held_copies),
             "bf16_held_error": _error(bf16_held(0), x @ floats[0].bfloat16().float().t()),
             "onednn_s": _time(onednn, int8_copies), "weight_only_s": _time(weight_only, int8_copies),
@@ -214,9 +217,10 @@ def avx2_rows() -> list[dict]:
     1, 8 and 16 rows, and a prefill chunk of 256, each kernel's time and the weight bytes it
     streamed per second."""
     kernels.load(kernels.build(kernels.AVX2))
-    kinds = ("fp32", "bf16_held", "onednn", "weight_only", "llmopt")
+    kinds = ("fp32", "onednn_fp32", "bf16_held", "onednn", "weight_only", "llmopt")
     rows = []
-    print(f"{'rows':>4} {'layer':<13} {'float32 us':>11} {'GB/s':>6} {'llmopt bf16-held us':>20} {'GB/s':>6} "
+    print(f"{'rows':>4} {'layer':<13} {'float32 us':>11} {'GB/s':>6} {'oneDNN float32 us':>18} {'GB/s':>6} "
+          f"{'llmopt bf16-held us':>20} {'GB/s':>6} "
           f"{'oneDNN W8A8 us':>15} {'GB/s':>6} {'int8 weight-only us':>20} {'GB/s':>6} {'llmopt AVX2 W8A8 us':>20} {'GB/s':>6}")
     for m in (1, 8, 16, 256):
         step = dict.fromkeys(kinds, 0.0)
@@ -225,13 +229,14 @@ def avx2_rows() -> list[dict]:
             rows.append(row)
             for kind in kinds:
                 step[kind] += row[f"{kind}_s"] * (1 if layer == "lm_head" else 30)
-            widths = {"fp32": 4, "bf16_held": 2, "onednn": 1, "weight_only": 1, "llmopt": 1}
+            widths = {"fp32": 4, "onednn_fp32": 4, "bf16_held": 2, "onednn": 1, "weight_only": 1, "llmopt": 1}
             cells = [f"{row[f'{kind}_s'] * 1e6:>{w}.1f} {row['weight_bytes'] * widths[kind] / row[f'{kind}_s'] / 1e9:>6.1f}"
-                     for kind, w in zip(kinds, (11, 20, 15, 20, 20))]
+                     for kind, w in zip(kinds, (11, 18, 20, 15, 20, 20))]
             print(f"{m:>4} {layer:<13} {' '.join(cells)}", flush=True)
         rows.append({"dtype": "avx2", "rows": m, "layer": "a decode step", **{f"{kind}_s": step[kind] for kind in kinds}})
-        print(f"{m:>4} a decode step: float32 {step['fp32'] * 1e3:.2f} ms, llmopt bf16-held {step['bf16_held'] * 1e3:.2f} ms "
-              f"({step['fp32'] / step['bf16_held']:.2f}x float32), oneDNN W8A8 {step['onednn'] * 1e3:.2f} ms "
+        print(f"{m:>4} a decode step: float32 {step['fp32'] * 1e3:.2f} ms, oneDNN float32 {step['onednn_fp32'] * 1e3:.2f} ms, "
+              f"llmopt bf16-held {step['bf16_held'] * 1e3:.2f} ms ({step['onednn_fp32'] / step['bf16_held']:.2f}x oneDNN "
+              f"float32), oneDNN W8A8 {step['onednn'] * 1e3:.2f} ms "
               f"({step['fp32'] / step['onednn']:.2f}x float32), int8 weight-only {step['weight_only'] * 1e3:.2f} ms "
               f"({step['fp32'] / step['weight_only']:.2f}x float32), llmopt AVX2 W8A8 {step['llmopt'] * 1e3:.2f} ms "
               f"({step['fp32'] / step['llmopt']:.2f}x float32)", flush=True)
