@@ -204,8 +204,8 @@ def default_linear_kernels(hw: Hardware) -> str:
     there. With AMX, vLLM's own choice was not measured against them and stays. On x86 without
     AVX-512 nor VNNI, llmopt's AVX2 kernels where they are built: its W8A8 one for int8 layers
     (oneDNN's int8 has no fast path there), and for float32 layers whose weights bf16 holds exactly
-    its float32 one streaming them in bf16 (`avx2_bf16_linear`: 2.0x oneDNN's float32 layers at one
-    row); where not built, torch's weight-only int8 kernel (`weight_only_int8_linear`) and oneDNN.
+    its float32 one streaming them in bf16 (`avx2_bf16_linear`: SmolLM2-135M served 1.86x oneDNN's
+    float32 at batch 1 and 1.79x at 8, `benchmarks/int8_weight_only.py`); where not built, torch's weight-only int8 kernel (`weight_only_int8_linear`) and oneDNN.
     AVX-VNNI processors (AVX2 with VNNI) keep vLLM's choice: not measured there."""
     if avx2_int8_applies(hw):
         return "llmopt" if kernels.built(kernels.AVX2) else "weight_only"
