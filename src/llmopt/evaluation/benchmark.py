@@ -130,9 +130,9 @@ def decode_bounds(found: list[Level], weights: Path | None, engine: EngineConfig
     not the measurement: weights it cannot read leave it out and lose nothing else."""
     if rates is None or weights is None:
         return
-    spec = engine.speculative if engine is not None else None
-    dtype = vllm.dtype(engine or EngineConfig(), None)
-    held = vllm.holds_bf16_weights(engine or EngineConfig(), None)
+    settings = engine or EngineConfig()
+    spec = settings.speculative
+    dtype, held = vllm.dtype(settings, None), vllm.holds_bf16_weights(settings, None)
     try:
         traffic = roofline.traffic(weights, dtype, held)
         draft = roofline.traffic(Path(spec.model), dtype, held) if spec is not None and spec.model else None
