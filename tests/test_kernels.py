@@ -408,3 +408,24 @@ def test_a_library_that_does_not_load_is_not_kept(monkeypatch: pytest.MonkeyPatc
         kernels.build()
     assert "\n" not in str(caught.value)
     assert list((tmp_path / "kernels").iterdir()) == []
+
+
+def test_every_header_a_library_includes_is_in_its_hash_and_shipped() -> None:
+    """A header edited alone must build anew (it is in the library's name) and reach an installed
+    package (package data): each `#include "..."` of a library's sources is one of its `headers`."""
+    import re
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    shipped = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["llmopt"]
+    for library in (kernels.AVX512, kernels.AVX2):
+        included = {source.with_name(name) for source in library.sources
+                    for name in re.findall(r'#include "([^"]+)"', source.read_text())}
+        assert included == set(library.headers), library.prefix
+        for path in (*library.sources, *library.headers):
+            assert any(fnmatch(f"engine/{path.name}", pattern) for pattern in shipped), path.name
+    assert kernels.AVX2.headers  # the AVX2 kernels share their blocking
+    before = kernels.library_path(kernels.AVX2)
+    changed = kernels.Library(**{**kernels.AVX2.__dict__, "headers": (Path(__file__),)})
+    assert kernels.library_path(changed) != before

@@ -16,19 +16,18 @@
 // channels padded to a multiple of 16 with zero weights.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
+
+#include "avx2_blocks.h"
 
 namespace {
 
-constexpr int64_t kBlockN = 16;     // output channels in one packed block: two vectors of 8 sums
-constexpr int64_t kTileRows = 6;    // rows sharing one weight load: 12 sums, 2 weights, 1 input in 16 registers
-constexpr int64_t kChunkRows = 48;  // rows whose inputs stay in L2 while a thread's blocks pass
+using namespace llmopt_avx2;
+
 // Products are summed a span of inputs at a time and the spans' sums added: one chain of K fused
 // multiply-adds strayed 2-3x further from float64 than oneDNN's product on SmolLM2's down projection
 // (K = 1536); summed by spans of 32, at most 1.9x on the checked shapes, 1.0x on SmolLM2's and Qwen's.
@@ -48,7 +47,8 @@ inline void step(__m256 (&acc)[ROWS][2], const float* a, int64_t lda, int64_t i,
   }
 }
 
-template <int ROWS, bool BIAS>
+// ROWS rows times one block of 16 channels, written to c (valid channels only).
+template <int ROWS>
 void tile(const float* a, int64_t lda, int64_t k, const uint16_t* b, const float* bias, float* c, int64_t ldc,
           int64_t valid) {
   __m256 sums[ROWS][2];
@@ -79,39 +79,8 @@ void tile(const float* a, int64_t lda, int64_t k, const uint16_t* b, const float
       }
     }
   }
-  __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
-  if constexpr (BIAS) bias0 = _mm256_loadu_ps(bias), bias1 = _mm256_loadu_ps(bias + 8);
 #pragma GCC unroll 6
-  for (int r = 0; r < ROWS; ++r) {
-    __m256 c0 = sums[r][0], c1 = sums[r][1];
-    if constexpr (BIAS) c0 = _mm256_add_ps(c0, bias0), c1 = _mm256_add_ps(c1, bias1);
-    if (valid == kBlockN) {
-      _mm256_storeu_ps(c + r * ldc, c0);
-      _mm256_storeu_ps(c + r * ldc + 8, c1);
-    } else {
-      alignas(32) float lanes[kBlockN];
-      _mm256_store_ps(lanes, c0);
-      _mm256_store_ps(lanes + 8, c1);
-      std::memcpy(c + r * ldc, lanes, valid * sizeof(float));
-    }
-  }
-}
-
-template <bool BIAS>
-void rows(int64_t m, const float* a, int64_t lda, int64_t k, const uint16_t* b, const float* bias, float* c,
-          int64_t ldc, int64_t valid) {
-  for (int64_t m0 = 0; m0 < m; m0 += kTileRows) {
-    const float* rows_a = a + m0 * lda;
-    float* rows_c = c + m0 * ldc;
-    switch (std::min(kTileRows, m - m0)) {
-      case 1: tile<1, BIAS>(rows_a, lda, k, b, bias, rows_c, ldc, valid); break;
-      case 2: tile<2, BIAS>(rows_a, lda, k, b, bias, rows_c, ldc, valid); break;
-      case 3: tile<3, BIAS>(rows_a, lda, k, b, bias, rows_c, ldc, valid); break;
-      case 4: tile<4, BIAS>(rows_a, lda, k, b, bias, rows_c, ldc, valid); break;
-      case 5: tile<5, BIAS>(rows_a, lda, k, b, bias, rows_c, ldc, valid); break;
-      default: tile<6, BIAS>(rows_a, lda, k, b, bias, rows_c, ldc, valid); break;
-    }
-  }
+  for (int r = 0; r < ROWS; ++r) store_row(sums[r][0], sums[r][1], bias, c + r * ldc, valid);
 }
 
 at::Tensor avx2_bf16_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
@@ -131,18 +100,11 @@ at::Tensor avx2_bf16_linear(const at::Tensor& x, const at::Tensor& packed, const
   const uint16_t* b = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   const float* bias_data = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* c = out.data_ptr<float>();
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t m0 = 0; m0 < m; m0 += kChunkRows) {
-      const int64_t chunk = std::min(kChunkRows, m - m0);
-      for (int64_t nb = begin; nb < end; ++nb) {
-        const int64_t n0 = nb * kBlockN, valid = std::min(kBlockN, n - n0);
-        if (bias_data) {
-          rows<true>(chunk, a + m0 * lda, lda, k, b + n0 * k, bias_data + n0, c + m0 * n + n0, n, valid);
-        } else {
-          rows<false>(chunk, a + m0 * lda, lda, k, b + n0 * k, nullptr, c + m0 * n + n0, n, valid);
-        }
-      }
-    }
+  for_blocks(m, n, [&](int64_t m0, int64_t chunk, int64_t n0, int64_t valid) {
+    for_tiles(chunk, [&](auto rows, int64_t r0) {
+      tile<decltype(rows)::value>(a + (m0 + r0) * lda, lda, k, b + n0 * k, bias_data ? bias_data + n0 : nullptr,
+                                  c + (m0 + r0) * n + n0, n, valid);
+    });
   });
   return out;
 }

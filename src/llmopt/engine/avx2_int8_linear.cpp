@@ -18,7 +18,6 @@
 // computes it, so the outputs are its bits.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
@@ -27,11 +26,11 @@
 #include <cstring>
 #include <vector>
 
+#include "avx2_blocks.h"
+
 namespace {
 
-constexpr int64_t kBlockN = 16;     // output channels in one packed block: two vectors of 8 sums
-constexpr int64_t kTileRows = 6;    // rows sharing one weight load: 12 sums, 2 weights, 1 input in 16 registers
-constexpr int64_t kChunkRows = 48;  // rows whose quantized inputs stay in L2 while a thread's blocks pass
+using namespace llmopt_avx2;
 
 // One row of float32 as int16 values in [-127, 127], two to a 32-bit word; K even.
 void quantize_row(int16_t* q, float& scale, const float* x, int64_t k) {
@@ -58,7 +57,6 @@ void quantize_row(int16_t* q, float& scale, const float* x, int64_t k) {
   for (; i < k; ++i) q[i] = static_cast<int16_t>(std::nearbyint(x[i] * inverse));
 }
 
-// ROWS quantized rows times one block of 16 channels, written to c (valid channels only).
 // One pair of a row's quantized values as a 32-bit word, to broadcast (memcpy: no aliasing of int16 as int32).
 inline int32_t pair(const int16_t* a) {
   int32_t word;
@@ -66,7 +64,8 @@ inline int32_t pair(const int16_t* a) {
   return word;
 }
 
-template <int ROWS, bool BIAS>
+// ROWS quantized rows times one block of 16 channels, written to c (valid channels only).
+template <int ROWS>
 void tile(const int16_t* a, int64_t lda, const float* a_scales, int64_t kp, const int8_t* b, const float* b_scales,
           const float* bias, float* c, int64_t ldc, int64_t valid) {
   __m256i acc[ROWS][2];
@@ -84,41 +83,11 @@ void tile(const int16_t* a, int64_t lda, const float* a_scales, int64_t kp, cons
     }
   }
   const __m256 scale0 = _mm256_loadu_ps(b_scales), scale1 = _mm256_loadu_ps(b_scales + 8);
-  __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
-  if constexpr (BIAS) bias0 = _mm256_loadu_ps(bias), bias1 = _mm256_loadu_ps(bias + 8);
 #pragma GCC unroll 6
   for (int r = 0; r < ROWS; ++r) {
     const __m256 row_scale = _mm256_set1_ps(a_scales[r]);
-    __m256 c0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][0]), row_scale), scale0);
-    __m256 c1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][1]), row_scale), scale1);
-    if constexpr (BIAS) c0 = _mm256_add_ps(c0, bias0), c1 = _mm256_add_ps(c1, bias1);
-    if (valid == kBlockN) {
-      _mm256_storeu_ps(c + r * ldc, c0);
-      _mm256_storeu_ps(c + r * ldc + 8, c1);
-    } else {
-      alignas(32) float lanes[kBlockN];
-      _mm256_store_ps(lanes, c0);
-      _mm256_store_ps(lanes + 8, c1);
-      std::memcpy(c + r * ldc, lanes, valid * sizeof(float));
-    }
-  }
-}
-
-template <bool BIAS>
-void rows(int64_t m, const int16_t* a, int64_t lda, const float* a_scales, int64_t kp, const int8_t* b,
-          const float* b_scales, const float* bias, float* c, int64_t ldc, int64_t valid) {
-  for (int64_t m0 = 0; m0 < m; m0 += kTileRows) {
-    const int16_t* rows_a = a + m0 * lda;
-    const float* rows_scales = a_scales + m0;
-    float* rows_c = c + m0 * ldc;
-    switch (std::min(kTileRows, m - m0)) {
-      case 1: tile<1, BIAS>(rows_a, lda, rows_scales, kp, b, b_scales, bias, rows_c, ldc, valid); break;
-      case 2: tile<2, BIAS>(rows_a, lda, rows_scales, kp, b, b_scales, bias, rows_c, ldc, valid); break;
-      case 3: tile<3, BIAS>(rows_a, lda, rows_scales, kp, b, b_scales, bias, rows_c, ldc, valid); break;
-      case 4: tile<4, BIAS>(rows_a, lda, rows_scales, kp, b, b_scales, bias, rows_c, ldc, valid); break;
-      case 5: tile<5, BIAS>(rows_a, lda, rows_scales, kp, b, b_scales, bias, rows_c, ldc, valid); break;
-      default: tile<6, BIAS>(rows_a, lda, rows_scales, kp, b, b_scales, bias, rows_c, ldc, valid); break;
-    }
+    store_row(_mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][0]), row_scale), scale0),
+              _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][1]), row_scale), scale1), bias, c + r * ldc, valid);
   }
 }
 
@@ -155,21 +124,12 @@ at::Tensor avx2_int8_linear(const at::Tensor& x, const at::Tensor& packed, const
   const float* b_scales = scales.data_ptr<float>();
   const float* bias_data = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* c = out.data_ptr<float>();
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t m0 = 0; m0 < m; m0 += kChunkRows) {
-      const int64_t chunk = std::min(kChunkRows, m - m0);
-      for (int64_t nb = begin; nb < end; ++nb) {
-        const int64_t n0 = nb * kBlockN, valid = std::min(kBlockN, n - n0);
-        const int8_t* weights = b + n0 * k;
-        if (bias_data) {
-          rows<true>(chunk, q + m0 * k, k, row_scales.data() + m0, kp, weights, b_scales + n0, bias_data + n0,
-                     c + m0 * n + n0, n, valid);
-        } else {
-          rows<false>(chunk, q + m0 * k, k, row_scales.data() + m0, kp, weights, b_scales + n0, nullptr,
-                      c + m0 * n + n0, n, valid);
-        }
-      }
-    }
+  for_blocks(m, n, [&](int64_t m0, int64_t chunk, int64_t n0, int64_t valid) {
+    for_tiles(chunk, [&](auto rows, int64_t r0) {
+      const int64_t first = m0 + r0;
+      tile<decltype(rows)::value>(q + first * k, k, row_scales.data() + first, kp, b + n0 * k, b_scales + n0,
+                                  bias_data ? bias_data + n0 : nullptr, c + first * n + n0, n, valid);
+    });
   });
   return out;
 }

@@ -12,7 +12,8 @@ from attention in float64 than vLLM's, and vLLM's bits for what it hands over). 
 
 On x86 processors with AVX2 and neither AVX-512 nor VNNI a second library (`AVX2`) holds the two
 kernels llmopt has there, the W8A8 linear layer `avx2_int8_linear.cpp` and the float32 one with
-bf16-held weights `avx2_bf16_linear.cpp`, built and kept the same way.
+bf16-held weights `avx2_bf16_linear.cpp` (their shared blocking in `avx2_blocks.h`), built and kept
+the same way.
 """
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ ABI = "-D_GLIBCXX_USE_CXX11_ABI=1"  # torch's wheels since 2.7; a mismatch fails
 
 @dataclass(frozen=True)
 class Library:
-    """One build of kernels: its sources, the compiler flags for the processors it is for, the
-    check a new build passes before it is kept, and what to set instead where it does not build."""
+    """One build of kernels: its sources and the headers they include (both in its hash), the
+    compiler flags for the processors it is for, the check a new build passes before it is kept,
+    and what to set instead where it does not build."""
 
     prefix: str
     sources: tuple[Path, ...]
     flags: tuple[str, ...]
     self_check: str
     fallback: str
+    headers: tuple[Path, ...] = ()
 
 
 AVX512 = Library(
@@ -80,6 +83,7 @@ from llmopt.engine import avx2_bf16_linear, avx2_int8_linear
 print(avx2_int8_linear.compare(sys.argv[1]), avx2_bf16_linear.compare(sys.argv[1]))
 """,
     fallback="set linear_kernels: weight_only",
+    headers=(Path(__file__).with_name("avx2_blocks.h"),),
 )
 
 
@@ -102,7 +106,7 @@ def library_path(library: Library = AVX512) -> Path:
     versions = _versions()
     if versions is None:
         raise LlmoptError("llmopt's CPU kernels need torch and vLLM installed", "run `bash scripts/install.sh`")
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in library.sources)
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in (*library.sources, *library.headers))
                             + " ".join(library.flags).encode()).hexdigest()[:16]
     return Path(sys.prefix) / "lib" / "llmopt-kernels" / f"{library.prefix}{digest}-{versions}.so"
 
