@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llmopt import EngineConfig, roofline, sources
-from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, kernels, platform, prefill_attention, small_batch_linear,
-                           vllm, weight_only_int8_linear)
+from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, compile_cache, kernels, platform, prefill_attention,
+                           small_batch_linear, vllm, weight_only_int8_linear)
 from phase_timer.phase_timer import PHASES, Timer
 
 MODEL = "smollm2-135m-instruct"
@@ -139,14 +139,15 @@ def compilation_config() -> dict[str, object] | None:
 def in_engine_environment(chosen: str | None) -> None:
     """Runs this script again, unless it already runs so, in the environment llmopt gives the engine
     here with the linear kernels `chosen` (None: llmopt's choice), with compiled code of its own for
-    each choice: the kernels are ops in the graph, and vLLM's key for its saved model does not know
-    them (llmopt's compile cache does, `compile_cache.components`)."""
+    each choice and kernel build: the kernels are ops in the graph, and vLLM's key for its saved
+    model does not know them (llmopt's compile cache does, `compile_cache.linear_build`)."""
     engine_env = vllm.environment(EngineConfig(max_model_len=2048, linear_kernels=chosen), platform.detect())
     unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
                                avx2_int8_linear.ENV, avx2_bf16_linear.ENV, weight_only_int8_linear.ENV) if name not in engine_env]
     if any(os.environ.get(name) != value for name, value in engine_env.items()) or any(n in os.environ for n in unset):
         clean = {k: v for k, v in os.environ.items() if k not in unset}
-        cache = Path.home() / ".cache" / "llmopt-step-profile" / vllm.linear_kernels(EngineConfig(linear_kernels=chosen), platform.detect())
+        build = compile_cache.linear_build(EngineConfig(linear_kernels=chosen), platform.detect())
+        cache = Path.home() / ".cache" / "llmopt-step-profile" / build.replace(" ", "-")
         os.execve(sys.executable, [sys.executable, *sys.argv], clean | engine_env | {
             "TQDM_DISABLE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
 

@@ -120,10 +120,7 @@ def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardwa
     linear kernels' build, and the CPU flags or GPU kind. `config` has its paths located."""
     relevant = config.model_dump(mode="json", exclude=set(IRRELEVANT_SETTINGS))
     if hw.device == "cpu":  # the kernels chosen here are ops in the traced graph
-        linear = vllm.linear_kernels(config, hw)
-        # and llmopt's is called by its library's schema: a changed library compiles anew
-        relevant["linear_kernels"] = (f"{linear} {kernels.library_path(platform.kernel_library(hw)).name}"
-                                      if linear == "llmopt" else linear)
+        relevant["linear_kernels"] = linear_build(config, hw)
     relevant["compilation"]["wrapper"] = vllm.graph_wrapper(config, hw)  # Inductor's generated code differs
     relevant["dtype"] = vllm.dtype(config, hw)
     spec = relevant.get("speculative")
@@ -143,6 +140,14 @@ def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardwa
         "cpu_flags": list(hw.cpu_flags),
         "gpu": hw.gpu,
     }
+
+
+def linear_build(config: EngineConfig, hw: platform.Hardware) -> str:
+    """The linear kernels chosen here on a CPU, which are ops in the traced graph; llmopt's named
+    with their library's build too, since a changed library calls other ops (a float32 layer on
+    AVX2 ran oneDNN before the bf16-held kernel) and must compile anew."""
+    linear = vllm.linear_kernels(config, hw)
+    return f"{linear} {kernels.library_path(platform.kernel_library(hw)).name}" if linear == "llmopt" else linear
 
 
 def key_of(parts: dict[str, Any]) -> str:
