@@ -1,18 +1,20 @@
 """vLLM's CPU attention kernel alone, with SmolLM2-135M's shapes (9 query heads, 3 KV heads, head
-size 64, bf16 cache): seven decodes over 800-token contexts, one prompt's prefill, and both in one
+size 64, the cache in the dtype llmopt serves in here: bf16, float32 on x86 without AVX-512): seven decodes over 800-token contexts, one prompt's prefill, and both in one
 call as a mixed step carries them, on one and on two OpenMP threads. Whether a mixed step costs
 more than its parts (the kernel's scheduler splits work between threads by KV length, not by
 query count), and at what rate a prefill's attention runs against the machine's fp32 and bf16
 matmul rates; beside it, llmopt's prefill attention kernel (`engine/prefill_attention.cpp`, on
-processors without AMX) on the same prefill and mixed calls, and torch's own
-`scaled_dot_product_attention` on the same prefill (bf16, causal, grouped heads).
+AVX-512 BF16 processors without AMX; `engine/avx2_prefill_attention.cpp` on AVX2 ones) on the
+same prefill and mixed calls, and torch's own `scaled_dot_product_attention` on the same prefill
+(causal, grouped heads).
 
-    .venv/bin/python benchmarks/cpu_attention.py
+    .venv/bin/python benchmarks/cpu_attention.py [RESULTS]   (default results/cpu_attention.json)
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,9 +44,9 @@ def attention_call(requests: list[tuple[int, int]], key_cache: torch.Tensor, val
     for row, count in enumerate(blocks):
         table[row, :count] = torch.arange(first, first + count)
         first += count
-    query = torch.randn(starts[-1], HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    query = torch.randn(starts[-1], HEADS, HEAD_DIM, dtype=key_cache.dtype)
     out = torch.empty_like(query)
-    plan = ops.cpu_attn_get_scheduler_metadata(len(requests), HEADS, KV_HEADS, HEAD_DIM, seq_lens, torch.bfloat16,
+    plan = ops.cpu_attn_get_scheduler_metadata(len(requests), HEADS, KV_HEADS, HEAD_DIM, seq_lens, key_cache.dtype,
                                                query_start, True, -1, isa, True)
     return lambda: kernel(query, key_cache, value_cache, out, query_start, seq_lens, HEAD_DIM ** -0.5, True, None, -1,
                           table, 0.0, plan, None, None, 1.0, 1.0, "auto")
@@ -59,10 +61,10 @@ def milliseconds(call: Callable[[], None]) -> float:
     return (time.perf_counter() - start) / CALLS * 1e3
 
 
-def sdpa_call(tokens: int) -> Callable[[], None]:
+def sdpa_call(tokens: int, dtype: torch.dtype) -> Callable[[], None]:
     """torch's fused attention over one prompt, its KV heads shared by the query heads as vLLM's are."""
-    query = torch.randn(1, HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16)
-    key, value = (torch.randn(1, KV_HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16) for _ in range(2))
+    query = torch.randn(1, HEADS, tokens, HEAD_DIM, dtype=dtype)
+    key, value = (torch.randn(1, KV_HEADS, tokens, HEAD_DIM, dtype=dtype) for _ in range(2))
     return lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
 
 
@@ -75,10 +77,11 @@ def main() -> None:
     torch.manual_seed(0)
     isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
     hw = platform.detect()
-    ours = platform.llmopt_kernels_apply(hw)
+    ours = platform.prefill_attention_applies(hw)
     if ours:
-        kernels.load(kernels.build())
-    cache = torch.randn(-(-DECODES * CONTEXT // BLOCK) + 16, KV_HEADS, BLOCK * 2, HEAD_DIM, dtype=torch.bfloat16)
+        kernels.load(kernels.build(platform.kernel_library(hw)))
+    dtype = getattr(torch, platform.default_dtype(hw))
+    cache = torch.randn(-(-DECODES * CONTEXT // BLOCK) + 16, KV_HEADS, BLOCK * 2, HEAD_DIM, dtype=dtype)
     key_cache, value_cache = cache.chunk(2, dim=2)
     decodes = [(1, CONTEXT)] * DECODES
     rows = []
@@ -91,7 +94,7 @@ def main() -> None:
             if ours:
                 calls |= {f"llmopt {name}": attention_call(cases[name], key_cache, value_cache, isa,
                                                            torch.ops.llmopt.prefill_attention) for name in ("prefill", "mixed")}
-            calls["sdpa"] = sdpa_call(prompt)
+            calls["sdpa"] = sdpa_call(prompt, dtype)
             runs = {name: sorted(milliseconds(call) for _ in range(ROUNDS)) for name, call in calls.items()}
             ms = {name: times[ROUNDS // 2] for name, times in runs.items()}
             rows.append({"threads": threads, "prompt": prompt, "decodes_ms": round(ms["decodes"], 3),
@@ -111,11 +114,12 @@ def main() -> None:
               f"{row['mixed_ms']:>9} {row['mixed_over_parts']:>11} {row['prefill_gflops']:>15} "
               f"{row['prefill_ms_all_layers']:>15} ms {row['sdpa_prefill_ms']:>13} {row['sdpa_gflops']:>8} "
               f"{row.get('llmopt_prefill_ms', '-'):>14} {row.get('llmopt_prefill_gflops', '-'):>8} {row.get('llmopt_mixed_ms', '-'):>12}")
-    RESULTS.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "isa": isa,
+    results = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
+    results.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "isa": isa, "dtype": str(dtype),
                                    "shapes": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block": BLOCK,
                                               "decodes": DECODES, "context": CONTEXT},
                                    "median_of": ROUNDS, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
 
 
 if __name__ == "__main__":

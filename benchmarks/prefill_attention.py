@@ -8,7 +8,8 @@ kernels give token for token alike.
     .venv/bin/python -u benchmarks/prefill_attention.py [--target T ...] [--repeat N]
 
 Targets are catalogued models or artifact folders (default: SmolLM2-135M in bf16). Writes
-benchmarks/results/prefill_attention.json.
+benchmarks/results/prefill_attention.json, or `--out`. On AVX2 processors the kernels are float32
+(llmopt serves float32 there).
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", action="append", help="a catalogued model or an artifact folder (repeatable)")
     parser.add_argument("--repeat", type=int, default=1, help="deployments of each kernel per target, in ABBA order")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results file")
     args = parser.parse_args()
     hw = platform.detect()
-    if not platform.llmopt_kernels_apply(hw):
-        raise SystemExit(f"{hw.cpu_model}: llmopt's prefill attention is for AVX-512 BF16 without AMX")
+    if not platform.prefill_attention_applies(hw):
+        raise SystemExit(f"{hw.cpu_model}: llmopt's prefill attention is for AVX-512 BF16 without AMX, or AVX2 without AVX-512 and VNNI")
     found = {}
     for target in args.target or ["smollm2-135m-instruct"]:
         print(f"{target}:", flush=True)
@@ -80,9 +82,9 @@ def main() -> None:
         found[target] = {"summary": summary(rows), "rows": [{k: v for k, v in r.items() if k != "greedy_tokens"} for r in rows]}
         print(f"  llmopt / vllm: {found[target]['summary']['llmopt_over_vllm']}; greedy answers alike: "
               f"{found[target]['summary']['greedy_answers_alike']}", flush=True)
-    RESULTS.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "requests": REQUESTS, "levels": LEVELS,
-                                   "targets": found}, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+    args.out.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "requests": REQUESTS, "levels": LEVELS,
+                                    "targets": found}, indent=1) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     attention = vllm.attention_kernel(EngineConfig(), hw)
     assert (kernels.library_path(platform.kernel_library(hw)).name in mapped) == ("llmopt" in (chosen, attention)), (chosen, attention)
     avx2 = chosen == "llmopt" and platform.avx2_int8_applies(hw)
-    for line, used in (("small-batch bf16 linear kernel", chosen == "llmopt" and packed), ("bf16 prefill attention kernel", attention == "llmopt"),
+    for line, used in (("small-batch bf16 linear kernel", chosen == "llmopt" and packed), ("its prefill attention kernel for steps that carry a prompt", attention == "llmopt"),
                        (attention_calls.LINE, hw.device == "cpu"),
                        (f"Using {avx2_bf16_linear.KERNEL} for UnquantizedLinearMethod", avx2),
                        (f"Using {avx2_bf16_linear.KERNEL} for UnquantizedEmbeddingMethod", avx2)):
@@ -255,7 +255,7 @@ def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], en
     assert (env.get(avx2_bf16_linear.ENV) == "1") == (expected == "llmopt" and avx2)
     assert (env.get(weight_only_int8_linear.ENV) == "1") == (expected == "weight_only")
     attention = vllm.attention_kernel(engine, hw)
-    assert attention == (engine.attention_kernel or ("llmopt" if built and platform.llmopt_kernels_apply(hw) else "vllm"))
+    assert attention == (engine.attention_kernel or ("llmopt" if built and platform.prefill_attention_applies(hw) else "vllm"))
     assert (env.get(prefill_attention.ENV) == "1") == (attention == "llmopt")
     assert (kernels.LIBRARY_ENV in env) == ("llmopt" in (expected, attention))
     if kernels.LIBRARY_ENV in env:  # the build for this processor
@@ -311,10 +311,12 @@ def test_packed_linear_kernels_where_they_cannot_run_are_refused(choice: str, fl
         vllm.environment(EngineConfig(linear_kernels=choice), hw)
 
 
-@pytest.mark.parametrize("flags, lacks", [(("avx2",), "lacks AVX-512 BF16"), ((*AVX512, "amx_bf16", "amx_tile"), "has AMX")])
+@pytest.mark.parametrize("flags, lacks", [(("avx2", "avx512f"), "is neither"), (("avx2", "avx_vnni"), "is neither"),
+                                          ((*AVX512, "amx_bf16", "amx_tile"), "has AMX")])
 def test_the_prefill_attention_where_it_cannot_run_is_refused(flags: tuple[str, ...], lacks: str) -> None:
     hw = platform.Hardware(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, cpu_flags=flags, gpu=None)
-    with pytest.raises(LlmoptError, match=f"attention_kernel 'llmopt' needs AVX-512 BF16 without AMX, and this Xeon {lacks} -- leave attention_kernel unset"):
+    with pytest.raises(LlmoptError, match=f"attention_kernel 'llmopt' runs on AVX-512 BF16 without AMX or on AVX2 without "
+                                          f"AVX-512 and VNNI, and this Xeon {lacks} -- leave attention_kernel unset"):
         vllm.environment(EngineConfig(linear_kernels="vllm", attention_kernel="llmopt"), hw)
 
 

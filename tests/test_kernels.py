@@ -21,6 +21,8 @@ from llmopt.errors import LlmoptError
 
 HW = platform.detect()
 runs_here = pytest.mark.skipif(not platform.llmopt_kernels_apply(HW), reason="needs AVX-512 BF16 and VNNI, no AMX")
+attention_runs_here = pytest.mark.skipif(not platform.prefill_attention_applies(HW),
+                                         reason="needs AVX-512 BF16 without AMX, or AVX2 without AVX-512 and VNNI")
 avx2_here = pytest.mark.skipif("avx2" not in HW.cpu_flags, reason="needs x86 with AVX2")
 
 SAME_BITS = """
@@ -78,17 +80,18 @@ def test_the_int8_kernel_gives_vllms_bits_at_every_batch() -> None:
 
 
 AGREES = """
-import vllm._C
+import vllm._custom_ops
 from vllm import _custom_ops as ops
-from llmopt.engine import kernels, prefill_attention
-print(prefill_attention.compare(kernels.build(), ops.cpu_attention_with_kv_cache))
+from llmopt.engine import kernels, platform, prefill_attention
+print(prefill_attention.compare(kernels.build(platform.kernel_library(platform.detect())), ops.cpu_attention_with_kv_cache))
 """
 
 
-@runs_here
+@attention_runs_here
 def test_the_prefill_attention_agrees_with_vllms_and_with_exact_attention() -> None:
-    """On every checked shape and mix of requests, no further from attention computed in float64
-    than vLLM's kernel is (at the largest within 1.5x, on average within 2x); what it hands over, vLLM's bits."""
+    """On every checked shape and mix of requests, in the dtype it is for (bf16; float32 on AVX2), no
+    further from attention computed in float64 than vLLM's kernel is (at the largest within 1.5x, or
+    float32's rounding, on average within 2x); what it hands over, vLLM's bits."""
     done = subprocess.run([sys.executable, "-c", AGREES], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     calls = len(prefill_attention.CHECKED_HEADS) * (len(prefill_attention.CHECKED_REQUESTS) + len(prefill_attention.HANDED_OVER))
@@ -104,15 +107,17 @@ current_platform.import_kernels()  # vLLM's build for this processor: AVX-512 BF
 from vllm import _custom_ops as ops
 from vllm.v1.attention.backends import cpu_attn
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl as Impl, CPUAttentionMetadata
-from llmopt.engine import attention_calls, kernels, prefill_attention
+from llmopt.engine import attention_calls, kernels, platform, prefill_attention
 attention_calls.use()
+hw = platform.detect()
+dtype = getattr(torch, platform.default_dtype(hw))  # what llmopt serves in here, and its attention kernel takes
 methods = {"vllm": Impl.llmopt_vllm_methods, "lean": (Impl.forward, Impl.do_kv_cache_update)}
 generator = torch.Generator().manual_seed(0)
 isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
 layer = SimpleNamespace(isa=isa, _k_scale_float=0.5, _v_scale_float=2.0)  # distinct: swapped, an FP8 cache shows it
 heads, kv_heads, size, block = 9, 3, 64, 128
 # the backend asks the engine's settings only for the model's dtype (encoder attention's kernel)
-cpu_attn.get_current_vllm_config = lambda: SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16))
+cpu_attn.get_current_vllm_config = lambda: SimpleNamespace(model_config=SimpleNamespace(dtype=dtype))
 # each of the layer's own settings the kernels take, one at a time: a swapped argument changes the bits
 variants = [{}, {"sliding_window": 64}, {"logits_soft_cap": 30.0},
             {"alibi_slopes": [2.0 ** -(h + 1) for h in range(heads)]},
@@ -124,7 +129,7 @@ for prefill_kernel in (False, True):
     if prefill_kernel:  # steps that carry a prompt then go to llmopt's kernel, through either method
         if sys.argv[1] != "1":
             break
-        prefill_attention.use(kernels.build())
+        prefill_attention.use(kernels.build(platform.kernel_library(hw)))
     for variant in variants:
         given = {"alibi_slopes": None, "sliding_window": None, "kv_cache_dtype": "auto"} | variant
         impl = Impl(heads, size, size ** -0.5, kv_heads, given["alibi_slopes"], given["sliding_window"],
@@ -143,18 +148,18 @@ for prefill_kernel in (False, True):
                 tokens = starts[-1]
                 seq_lens = torch.tensor([l for _, l in requests], dtype=torch.int32)
                 query_start = torch.tensor(starts, dtype=torch.int32)
-                plan = ops.cpu_attn_get_scheduler_metadata(len(requests), heads, kv_heads, size, seq_lens, torch.bfloat16,
+                plan = ops.cpu_attn_get_scheduler_metadata(len(requests), heads, kv_heads, size, seq_lens, dtype,
                                                            query_start, True, window, isa, True)
                 metadata = CPUAttentionMetadata(num_actual_tokens=tokens, max_query_len=max(q for q, _ in requests),
                                                 query_start_loc=query_start, max_seq_len=int(seq_lens.max()),
                                                 seq_lens=seq_lens, block_table=table,
                                                 slot_mapping=torch.tensor(slots, dtype=torch.int64),
                                                 scheduler_metadata=plan, causal=True)
-                cache = torch.randn(sum(counts) + 1, kv_heads, block, 2 * size, dtype=torch.bfloat16, generator=generator)
+                cache = torch.randn(sum(counts) + 1, kv_heads, block, 2 * size, dtype=dtype, generator=generator)
                 if given["kv_cache_dtype"] != "auto":
                     cache = torch.randint(0, 120, cache.shape, dtype=torch.uint8, generator=generator)
-                query = torch.randn(tokens + padding, heads, size, dtype=torch.bfloat16, generator=generator)
-                key, value = (torch.randn(tokens + padding, kv_heads, size, dtype=torch.bfloat16, generator=generator)
+                query = torch.randn(tokens + padding, heads, size, dtype=dtype, generator=generator)
+                key, value = (torch.randn(tokens + padding, kv_heads, size, dtype=dtype, generator=generator)
                               for _ in "kv")
                 found = {}
                 for name, (forward, update) in methods.items():
@@ -181,8 +186,8 @@ def test_the_lean_attention_calls_give_vllms_bits() -> None:
     for each setting the kernels take from a layer (a sliding window, a soft cap, ALiBi, sinks, an
     FP8 cache with its scales): the KV cache and the outputs the lean methods leave are vLLM's
     methods' to the bit, with vLLM's kernel alone and, where it runs, with llmopt's prefill
-    attention taking the steps that carry a prompt."""
-    applies = platform.llmopt_kernels_apply(HW)
+    attention taking the steps that carry a prompt; in the dtype llmopt serves in here."""
+    applies = platform.prefill_attention_applies(HW)
     done = subprocess.run([sys.executable, "-c", LEAN_CALLS, "1" if applies else "0"], capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -54,14 +54,17 @@ def test_ngram_sweep_on_copy_heavy_work_switches_off_where_its_rows_lose(ngram_j
     for row in (low, high):  # equal work: the same prompts, each at its natural length without speculation, on both
         assert row.speedup.value == pytest.approx(row.output_tokens_per_s / row.output_tokens_per_s_without, abs=5e-3)
         assert row.speedup.low <= row.speedup.value <= row.speedup.high and row.speedup.leg == "equal work"
-        assert row.ttft_cost_ms is not None and row.acceptance_rate > 0.5 and row.mean_accepted_length > 2
-    # Whether a level pays is the machine's, measured by the sweep and not asserted here (speed
-    # belongs in benchmarks/): copy-heavy work paid in decode at batch 4 on every processor until
-    # Zen 3's float32 baseline held its weights in bf16 (2026-12-02), after which n-gram's decode
-    # there was 0.88x and 0.99x of it at batch 4, its output tokens/s 1.07x and 1.23x at equal work
-    # (README, Known gaps). Whatever it measured, the served engine drafts up to the last level before
-    # the first that lost, and none above.
-    assert high.decode_speedup > 0 and low.decode_speedup > 0
+        assert row.ttft_cost_ms is not None and row.decode_speedup is not None
+        assert row.acceptance_rate > 0.5 and row.mean_accepted_length > 2
+    # At one user a verifying step of 4 tokens streams the weights once, as a step of 1 does, so
+    # accepting more than 2 tokens a step must speed decoding up: a sweep that reads otherwise
+    # measured something other than speculation. Whether a level pays beyond that is the machine's,
+    # measured by the sweep and not asserted here (speed belongs in benchmarks/): copy-heavy work
+    # paid in decode at batch 4 on every processor until Zen 3's float32 baseline held its weights
+    # in bf16 (2026-12-02), after which n-gram's decode there was 0.88x and 0.99x of it at batch 4,
+    # its output tokens/s 1.07x and 1.23x at equal work (README, Known gaps). Whatever it measured,
+    # the served engine drafts up to the last level before the first that lost, and none above.
+    assert low.decode_speedup > 1, sweep.levels
     assert sweep.first_losing_level == next((r.concurrency for r in sweep.levels if r.loses), None)
     assert sweep.disable_above_batch == (None if sweep.first_losing_level is None else 1)
     config = manifest.engine.settings.speculative

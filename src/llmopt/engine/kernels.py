@@ -71,19 +71,23 @@ print(small_batch_linear.compare(sys.argv[1], ops.weight_packed_linear_cpu),
       prefill_attention.compare(sys.argv[1], ops.cpu_attention_with_kv_cache))
 """,
     fallback="set linear_kernels: packed and attention_kernel: vllm",
+    headers=(Path(__file__).with_name("prefill_attention.h"),),
 )
 AVX2 = Library(
     prefix="llmopt-avx2-kernels-",
-    sources=tuple(Path(__file__).with_name(name) for name in ("avx2_int8_linear.cpp", "avx2_bf16_linear.cpp")),
+    sources=tuple(Path(__file__).with_name(name) for name in ("avx2_int8_linear.cpp", "avx2_bf16_linear.cpp",
+                                                              "avx2_prefill_attention.cpp")),
     # no contraction: the epilogue's multiplies and add are rounded one by one, as the reference's
-    flags=(*COMMON_FLAGS, "-mavx2", "-mfma", "-ffp-contract=off", ABI),
+    flags=(*COMMON_FLAGS, "-mavx2", "-mfma", "-ffp-contract=off", ABI, f"-DLLMOPT_MIN_QUERIES={ATTENTION_MIN_QUERIES}"),
     self_check="""
 import sys, torch, vllm._custom_ops  # loaded beside vLLM's own CPU library, as in the engine
-from llmopt.engine import avx2_bf16_linear, avx2_int8_linear
-print(avx2_int8_linear.compare(sys.argv[1]), avx2_bf16_linear.compare(sys.argv[1]))
+from vllm import _custom_ops as ops
+from llmopt.engine import avx2_bf16_linear, avx2_int8_linear, prefill_attention
+print(avx2_int8_linear.compare(sys.argv[1]), avx2_bf16_linear.compare(sys.argv[1]),
+      prefill_attention.compare(sys.argv[1], ops.cpu_attention_with_kv_cache))
 """,
-    fallback="set linear_kernels: weight_only",
-    headers=(Path(__file__).with_name("avx2_blocks.h"),),
+    fallback="set linear_kernels: weight_only and attention_kernel: vllm",
+    headers=(Path(__file__).with_name("avx2_blocks.h"), Path(__file__).with_name("prefill_attention.h")),
 )
 
 

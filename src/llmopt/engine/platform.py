@@ -214,11 +214,19 @@ def default_linear_kernels(hw: Hardware) -> str:
     return "llmopt" if kernels.built() else "packed"
 
 
+def prefill_attention_applies(hw: Hardware) -> bool:
+    """llmopt's prefill attention stands in for vLLM's `vec` path without AMX: in bf16 on AVX-512
+    BF16 processors (`prefill_attention.cpp`), in float32 where its AVX2 library serves
+    (`avx2_prefill_attention.cpp`)."""
+    return llmopt_kernels_apply(hw) or avx2_int8_applies(hw)
+
+
 def default_attention_kernel(hw: Hardware) -> str:
     """llmopt's prefill attention where it applies and is built: without AMX, vLLM's attention
     computes at the fp32 rate, a quarter to a third of a QA prompt's prefill on the project's Zen 5
-    EPYC, and this kernel runs it about twice as fast (`engine.prefill_attention`)."""
-    return "llmopt" if llmopt_kernels_apply(hw) and kernels.built() else "vllm"
+    EPYC, and this kernel runs it about twice as fast; on Zen 3 (AVX2, float32) vLLM's took a
+    quarter of an 884-token prefill at 54 GFLOP/s (`engine.prefill_attention`)."""
+    return "llmopt" if prefill_attention_applies(hw) and kernels.built(kernel_library(hw)) else "vllm"
 
 
 def default_dtype(hw: Hardware) -> str:

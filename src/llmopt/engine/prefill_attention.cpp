@@ -21,23 +21,22 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <optional>
-#include <string>
 #include <vector>
+
+#include "prefill_attention.h"
 
 namespace {
 
+using namespace llmopt_attention;
+
 constexpr int64_t kKeys = 32;       // keys a score tile covers (two vectors of 16)
 constexpr int64_t kRows = 8;        // query rows sharing each loaded key pair
-// kernels.ATTENTION_MIN_QUERIES: a step is ours when one of its sequences has this many queries
-constexpr int64_t kMinQuery = LLMOPT_MIN_QUERIES;
 
 // 2^x for x in fp32 lanes, x <= 0: x = n + f, |f| <= 0.5, 2^f by its Taylor series to f^6
 // (relative error under 2e-7), scaled by 2^n.
@@ -208,26 +207,18 @@ template <int D>
 void query_tile(int64_t n, const at::BFloat16* query, int64_t query_stride, const at::BFloat16* keys,
                 const at::BFloat16* values, int64_t padded, int64_t first_position, float scale, float* scores,
                 at::BFloat16* probs, at::BFloat16* out, int64_t out_stride) {
-#define LLMOPT_ROWS(N) \
-  return rows_tile<D, N>(query, query_stride, keys, values, padded, first_position, scale, scores, probs, out, out_stride)
-  switch (n) {
-    case 1: LLMOPT_ROWS(1);
-    case 2: LLMOPT_ROWS(2);
-    case 3: LLMOPT_ROWS(3);
-    case 4: LLMOPT_ROWS(4);
-    case 5: LLMOPT_ROWS(5);
-    case 6: LLMOPT_ROWS(6);
-    case 7: LLMOPT_ROWS(7);
-    default: LLMOPT_ROWS(8);
-  }
-#undef LLMOPT_ROWS
+  with_rows<kRows>(n, [&](auto rows) {
+    rows_tile<D, decltype(rows)::value>(query, query_stride, keys, values, padded, first_position, scale, scores, probs,
+                                        out, out_stride);
+  });
 }
 
 template <int D>
 void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-            const int32_t* starts, const int32_t* lengths, int64_t sequences, float scale, const at::Tensor& block_table) {
+            const Step& step, float scale, const at::Tensor& block_table) {
   const int64_t heads = query.size(1), kv_heads = key_cache.size(1), block_size = key_cache.size(2);
-  const int64_t group = heads / kv_heads;
+  const int64_t group = heads / kv_heads, sequences = step.sequences;
+  const int32_t* lengths = step.lengths;
   // Scratch: every sequence's keys and values in pair order, per KV head.
   std::vector<int64_t> padded(sequences), offset(sequences + 1, 0);
   int64_t widest = 0;
@@ -250,108 +241,23 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
                 table + s * table_stride, block_size, lengths[s], padded[s], keys, keys + padded[s] * D);
     }
   });
-  // Work: tiles of up to kRows queries of one head, handed round robin so that every thread gets
-  // early (short) and late (long) rows of the causal triangle alike.
-  struct Tile { int64_t sequence, head, first; };
-  std::vector<Tile> tiles;
-  for (int64_t s = 0; s < sequences; ++s)
-    for (int64_t first = starts[s]; first < starts[s + 1]; first += kRows)
-      for (int64_t h = 0; h < heads; ++h) tiles.push_back({s, h, first});
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size()));
   const at::BFloat16* q = query.data_ptr<at::BFloat16>();
   at::BFloat16* o = output.data_ptr<at::BFloat16>();
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(kRows * widest);
-    std::vector<at::BFloat16> probs(kRows * widest);
-    for (int64_t thread = begin; thread < end; ++thread) {
-      for (size_t i = thread; i < tiles.size(); i += threads) {
-        const Tile& tile = tiles[i];
-        const int64_t s = tile.sequence, g = tile.head / group;
-        const int64_t n = std::min<int64_t>(kRows, starts[s + 1] - tile.first);
-        const int64_t position = lengths[s] - (starts[s + 1] - starts[s]) + (tile.first - starts[s]);
-        const at::BFloat16* keys = pairs + offset[s] + g * padded[s] * D * 2;
-        query_tile<D>(n, q + tile.first * query.stride(0) + tile.head * query.stride(1), query.stride(0), keys,
-                      keys + padded[s] * D, padded[s], position, scale, scores.data(), probs.data(),
-                      o + tile.first * output.stride(0) + tile.head * output.stride(1), output.stride(0));
-      }
-    }
+  for_query_tiles(step, heads, kRows, [&] {
+    return [&, scores = std::vector<float>(kRows * widest), probs = std::vector<at::BFloat16>(kRows * widest)](
+               const Tile& tile) mutable {
+      const int64_t s = tile.sequence;
+      const at::BFloat16* keys = pairs + offset[s] + tile.head / group * padded[s] * D * 2;
+      query_tile<D>(tile.rows, q + tile.first * query.stride(0) + tile.head * query.stride(1), query.stride(0), keys,
+                    keys + padded[s] * D, padded[s], tile.position, scale, scores.data(), probs.data(),
+                    o + tile.first * output.stride(0) + tile.head * output.stride(1), output.stride(0));
+    };
   });
-}
-
-void vllm_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                    at::Tensor& output, const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
-                    bool causal, const std::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
-                    const at::Tensor& block_table, double softcap, const at::Tensor& scheduler_metadata,
-                    const std::optional<at::Tensor>& s_aux, const std::optional<at::Tensor>& dynamic_causal,
-                    double k_scale, double v_scale, const std::string& kv_cache_dtype) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("_C::cpu_attention_with_kv_cache", "")
-          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, const at::Tensor&,
-                      const at::Tensor&, double, bool, const std::optional<at::Tensor>&, int64_t, const at::Tensor&,
-                      double, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                      double, double, const std::string&)>();
-  op.call(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal, alibi_slopes,
-          sliding_window, block_table, softcap, scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale,
-          kv_cache_dtype);
-}
-
-bool bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
-
-void prefill_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                       at::Tensor& output, const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
-                       bool causal, const std::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
-                       const at::Tensor& block_table, double softcap, const at::Tensor& scheduler_metadata,
-                       const std::optional<at::Tensor>& s_aux, const std::optional<at::Tensor>& dynamic_causal,
-                       double k_scale, double v_scale, const std::string& kv_cache_dtype) {
-  const int64_t head_size = query.dim() == 3 ? query.size(2) : 0;
-  bool ours = causal && !alibi_slopes.has_value() && sliding_window < 0 && softcap == 0.0 && !s_aux.has_value() &&
-              !dynamic_causal.has_value() && kv_cache_dtype == "auto" && (head_size == 64 || head_size == 128) &&
-              bf16(query) && bf16(key_cache) && bf16(value_cache) && bf16(output) && key_cache.dim() == 4 &&
-              value_cache.dim() == 4 && key_cache.size(2) % kKeys == 0 && key_cache.size(3) == head_size &&
-              key_cache.stride(3) == 1 && key_cache.stride(2) == head_size && value_cache.stride(3) == 1 &&
-              value_cache.stride(2) == head_size && key_cache.stride(0) == value_cache.stride(0) &&
-              key_cache.stride(1) == value_cache.stride(1) && query.stride(2) == 1 && query.stride(1) == head_size &&
-              query.stride(0) % 2 == 0 && output.dim() == 3 && output.stride(2) == 1 &&
-              output.size(0) == query.size(0) && output.size(1) == query.size(1) && output.size(2) == head_size &&
-              value_cache.sizes() == key_cache.sizes() && block_table.dim() == 2 &&
-              query.size(1) % key_cache.size(1) == 0 && query_start_loc.scalar_type() == at::kInt &&
-              seq_lens.scalar_type() == at::kInt && block_table.scalar_type() == at::kInt &&
-              query_start_loc.is_contiguous() && seq_lens.is_contiguous() && block_table.stride(1) == 1 &&
-              query_start_loc.numel() == seq_lens.numel() + 1 && block_table.size(0) >= seq_lens.numel();
-  const int32_t* starts = ours ? query_start_loc.data_ptr<int32_t>() : nullptr;
-  const int32_t* lengths = ours ? seq_lens.data_ptr<int32_t>() : nullptr;
-  const int64_t sequences = ours ? seq_lens.numel() : 0;
-  ours = ours && (sequences == 0 || (starts[0] == 0 && starts[sequences] <= query.size(0)));
-  bool long_query = false;
-  for (int64_t s = 0; s < sequences; ++s) {
-    const int64_t queries = starts[s + 1] - starts[s];
-    ours = ours && queries >= 0 && queries <= lengths[s] &&
-           (lengths[s] + kKeys - 1) / kKeys * kKeys <= block_table.size(1) * key_cache.size(2);
-    long_query = long_query || queries >= kMinQuery;
-  }
-  if (!ours || !long_query) {
-    return vllm_attention(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal,
-                          alibi_slopes, sliding_window, block_table, softcap, scheduler_metadata, s_aux,
-                          dynamic_causal, k_scale, v_scale, kv_cache_dtype);
-  }
-  if (head_size == 64) {
-    attend<64>(output, query, key_cache, value_cache, starts, lengths, sequences, static_cast<float>(scale), block_table);
-  } else {
-    attend<128>(output, query, key_cache, value_cache, starts, lengths, sequences, static_cast<float>(scale), block_table);
-  }
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(llmopt, m) {
-  m.def(
-      "prefill_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor(a!) output, "
-      "Tensor query_start_loc, Tensor seq_lens, float scale, bool causal, Tensor? alibi_slopes, "
-      "int sliding_window, Tensor block_table, float softcap, Tensor scheduler_metadata, Tensor? s_aux, "
-      "Tensor? dynamic_causal, float k_scale, float v_scale, str kv_cache_dtype) -> ()");
-}
-
+TORCH_LIBRARY_FRAGMENT(llmopt, m) { m.def(llmopt_attention::kSchema); }
 TORCH_LIBRARY_IMPL(llmopt, CPU, m) {
-  m.impl("prefill_attention", &prefill_attention);
+  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kBFloat16, kKeys, attend<64>, attend<128>>);
 }

@@ -256,9 +256,10 @@ def linear_kernels(config: EngineConfig, hw: platform.Hardware) -> str:
 def attention_kernel(config: EngineConfig, hw: platform.Hardware) -> str:
     """The attention kernel an engine runs with on this machine; llmopt's where it cannot run is refused."""
     chosen = config.attention_kernel or platform.default_attention_kernel(hw)
-    if chosen == "llmopt" and not platform.llmopt_kernels_apply(hw):
-        raise LlmoptError(f"attention_kernel 'llmopt' needs AVX-512 BF16 without AMX, and this {hw.cpu_model} "
-                          f"{'has AMX' if hw.has_amx else 'lacks AVX-512 BF16'}", "leave attention_kernel unset or set it to 'vllm'")
+    if chosen == "llmopt" and not platform.prefill_attention_applies(hw):
+        raise LlmoptError(f"attention_kernel 'llmopt' runs on AVX-512 BF16 without AMX or on AVX2 without AVX-512 and VNNI, "
+                          f"and this {hw.cpu_model} {'has AMX' if hw.has_amx else 'is neither'}",
+                          "leave attention_kernel unset or set it to 'vllm'")
     return chosen
 
 

@@ -1,0 +1,163 @@
+// What llmopt's two prefill attention kernels share (`prefill_attention.cpp`, bf16 with AVX-512 BF16;
+// `avx2_prefill_attention.cpp`, float32 with AVX2): the op they register in place of vLLM's CPU
+// attention, with its arguments; which calls are theirs (causal attention without extras over
+// vLLM's `vec` cache layout, head size 64 or 128, a step with a sequence of at least
+// LLMOPT_MIN_QUERIES queries); vLLM's kernel for every other call, with its own arguments; and how
+// a step's query tiles are shared among threads.
+
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace llmopt_attention {
+
+// kernels.ATTENTION_MIN_QUERIES: a step is the kernel's when one of its sequences has this many queries
+constexpr int64_t kMinQuery = LLMOPT_MIN_QUERIES;
+
+constexpr const char* kSchema =
+    "prefill_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor(a!) output, "
+    "Tensor query_start_loc, Tensor seq_lens, float scale, bool causal, Tensor? alibi_slopes, "
+    "int sliding_window, Tensor block_table, float softcap, Tensor scheduler_metadata, Tensor? s_aux, "
+    "Tensor? dynamic_causal, float k_scale, float v_scale, str kv_cache_dtype) -> ()";
+
+// A step's sequences: queries [starts[s], starts[s + 1]) of the step, each seeing lengths[s] keys.
+struct Step {
+  const int32_t* starts;
+  const int32_t* lengths;
+  int64_t sequences;
+};
+
+// Up to `rows` queries of one head: the step's queries [first, first + rows), the first at
+// `position` in its sequence.
+struct Tile {
+  int64_t sequence, head, first, rows, position;
+};
+
+inline void vllm_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                           at::Tensor& output, const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                           double scale, bool causal, const std::optional<at::Tensor>& alibi_slopes,
+                           int64_t sliding_window, const at::Tensor& block_table, double softcap,
+                           const at::Tensor& scheduler_metadata, const std::optional<at::Tensor>& s_aux,
+                           const std::optional<at::Tensor>& dynamic_causal, double k_scale, double v_scale,
+                           const std::string& kv_cache_dtype) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("_C::cpu_attention_with_kv_cache", "")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, const at::Tensor&,
+                      const at::Tensor&, double, bool, const std::optional<at::Tensor>&, int64_t, const at::Tensor&,
+                      double, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                      double, double, const std::string&)>();
+  op.call(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal, alibi_slopes,
+          sliding_window, block_table, softcap, scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale,
+          kv_cache_dtype);
+}
+
+// The step, if the kernel runs this call: every tensor of `dtype`, vLLM's `vec` layout with blocks
+// of a multiple of `keys` tokens, query rows on 32-bit boundaries, and a sequence of kMinQuery
+// queries or more.
+inline std::optional<Step> kernels_step(const at::Tensor& query, const at::Tensor& key_cache,
+                                        const at::Tensor& value_cache, const at::Tensor& output,
+                                        const at::Tensor& query_start_loc, const at::Tensor& seq_lens, bool causal,
+                                        const std::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
+                                        const at::Tensor& block_table, double softcap,
+                                        const std::optional<at::Tensor>& s_aux,
+                                        const std::optional<at::Tensor>& dynamic_causal,
+                                        const std::string& kv_cache_dtype, at::ScalarType dtype, int64_t keys) {
+  const int64_t head_size = query.dim() == 3 ? query.size(2) : 0;
+  const auto of_dtype = [dtype](const at::Tensor& t) { return t.scalar_type() == dtype; };
+  const bool ours =
+      causal && !alibi_slopes.has_value() && sliding_window < 0 && softcap == 0.0 && !s_aux.has_value() &&
+      !dynamic_causal.has_value() && kv_cache_dtype == "auto" && (head_size == 64 || head_size == 128) &&
+      of_dtype(query) && of_dtype(key_cache) && of_dtype(value_cache) && of_dtype(output) && key_cache.dim() == 4 &&
+      value_cache.dim() == 4 && key_cache.size(2) % keys == 0 && key_cache.size(3) == head_size &&
+      key_cache.stride(3) == 1 && key_cache.stride(2) == head_size && value_cache.stride(3) == 1 &&
+      value_cache.stride(2) == head_size && key_cache.stride(0) == value_cache.stride(0) &&
+      key_cache.stride(1) == value_cache.stride(1) && query.stride(2) == 1 && query.stride(1) == head_size &&
+      query.stride(0) * query.element_size() % 4 == 0 && output.dim() == 3 && output.stride(2) == 1 &&
+      output.size(0) == query.size(0) && output.size(1) == query.size(1) && output.size(2) == head_size &&
+      value_cache.sizes() == key_cache.sizes() && block_table.dim() == 2 &&
+      query.size(1) % key_cache.size(1) == 0 && query_start_loc.scalar_type() == at::kInt &&
+      seq_lens.scalar_type() == at::kInt && block_table.scalar_type() == at::kInt && query_start_loc.is_contiguous() &&
+      seq_lens.is_contiguous() && block_table.stride(1) == 1 && query_start_loc.numel() == seq_lens.numel() + 1 &&
+      block_table.size(0) >= seq_lens.numel();
+  if (!ours) return std::nullopt;
+  const Step step{query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), seq_lens.numel()};
+  if (step.sequences > 0 && (step.starts[0] != 0 || step.starts[step.sequences] > query.size(0))) return std::nullopt;
+  bool long_query = false;
+  for (int64_t s = 0; s < step.sequences; ++s) {
+    const int64_t queries = step.starts[s + 1] - step.starts[s];
+    if (queries < 0 || queries > step.lengths[s] ||
+        (step.lengths[s] + keys - 1) / keys * keys > block_table.size(1) * key_cache.size(2))
+      return std::nullopt;
+    long_query = long_query || queries >= kMinQuery;
+  }
+  return long_query ? std::optional<Step>(step) : std::nullopt;
+}
+
+// A kernel's work on a step it runs, for one head size.
+using Attend = void (*)(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache,
+                        const at::Tensor& value_cache, const Step& step, float scale, const at::Tensor& block_table);
+
+// The op: `Head64` or `Head128` where `kernels_step` gives the call to the kernel (`Dtype`, `Keys`),
+// vLLM's kernel elsewhere.
+template <at::ScalarType Dtype, int64_t Keys, Attend Head64, Attend Head128>
+void prefill_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                       at::Tensor& output, const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                       bool causal, const std::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
+                       const at::Tensor& block_table, double softcap, const at::Tensor& scheduler_metadata,
+                       const std::optional<at::Tensor>& s_aux, const std::optional<at::Tensor>& dynamic_causal,
+                       double k_scale, double v_scale, const std::string& kv_cache_dtype) {
+  const std::optional<Step> step =
+      kernels_step(query, key_cache, value_cache, output, query_start_loc, seq_lens, causal, alibi_slopes,
+                   sliding_window, block_table, softcap, s_aux, dynamic_causal, kv_cache_dtype, Dtype, Keys);
+  if (!step) {
+    return vllm_attention(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal,
+                          alibi_slopes, sliding_window, block_table, softcap, scheduler_metadata, s_aux,
+                          dynamic_causal, k_scale, v_scale, kv_cache_dtype);
+  }
+  (query.size(2) == 64 ? Head64 : Head128)(output, query, key_cache, value_cache, *step, static_cast<float>(scale),
+                                           block_table);
+}
+
+// `body(std::integral_constant<int, N>())` with N = n, at most Max: a tile's row count made a
+// compile-time constant, so that its accumulators stay in registers.
+template <int Max, typename Body>
+void with_rows(int64_t n, Body body) {
+  if constexpr (Max > 1) {
+    if (n < Max) return with_rows<Max - 1>(n, body);
+  }
+  body(std::integral_constant<int, Max>());
+}
+
+// `work(tile)` for every tile of up to `rows` queries of one head, handed round robin so that every
+// thread gets early (short) and late (long) rows of the causal triangle alike; `worker()` makes
+// each thread's `work`, with its scratch.
+template <typename Worker>
+void for_query_tiles(const Step& step, int64_t heads, int64_t rows, Worker worker) {
+  std::vector<Tile> tiles;
+  for (int64_t s = 0; s < step.sequences; ++s) {
+    const int64_t queries = step.starts[s + 1] - step.starts[s];
+    for (int64_t first = step.starts[s]; first < step.starts[s + 1]; first += rows) {
+      const int64_t n = std::min<int64_t>(rows, step.starts[s + 1] - first);
+      const int64_t position = step.lengths[s] - queries + (first - step.starts[s]);
+      for (int64_t h = 0; h < heads; ++h) tiles.push_back({s, h, first, n, position});
+    }
+  }
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size()));
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    auto work = worker();
+    for (int64_t thread = begin; thread < end; ++thread)
+      for (size_t i = thread; i < tiles.size(); i += threads) work(tiles[i]);
+  });
+}
+
+}  // namespace llmopt_attention
