@@ -10,10 +10,11 @@ whether it exists. A build is kept only once it has loaded beside vLLM and each 
 with vLLM's (`small_batch_linear.compare` and `small_batch_int8_linear.compare`: the same bits; `prefill_attention.compare`: no further
 from attention in float64 than vLLM's, and vLLM's bits for what it hands over). `scripts/install.sh` builds it; a deploy that asks for a kernel builds it first.
 
-On x86 processors with AVX2 and neither AVX-512 nor VNNI a second library (`AVX2`) holds the two
-kernels llmopt has there, the W8A8 linear layer `avx2_int8_linear.cpp` and the float32 one with
-bf16-held weights `avx2_bf16_linear.cpp` (their shared blocking in `avx2_blocks.h`), built and kept
-the same way.
+On x86 processors with AVX2 and neither AVX-512 nor VNNI a second library (`AVX2`) holds the
+kernels llmopt has there, the W8A8 linear layer `avx2_int8_linear.cpp`, the float32 one with
+bf16-held weights `avx2_bf16_linear.cpp` (their shared blocking in `avx2_blocks.h`) and a float32
+prefill attention `avx2_prefill_attention.cpp` (registered as the same op as the bf16 one, with
+what the two share in `prefill_attention.h`), built and kept the same way.
 """
 
 from __future__ import annotations
