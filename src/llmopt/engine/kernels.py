@@ -181,6 +181,11 @@ def _out_shapes() -> dict[str, Callable[..., Any]]:
     }
 
 
+def library_of(path: str | Path) -> Library:
+    """The library a built file is a build of, by its name."""
+    return AVX2 if Path(path).name.startswith(AVX2.prefix) else AVX512
+
+
 _loaded: set[str] = set()  # the libraries loaded in this process
 _shaped: set[str] = set()  # the ops given a shape function in this process
 
@@ -191,7 +196,7 @@ def load(path: str | Path) -> None:
     import torch
 
     path = str(Path(path).resolve())
-    first_op = "avx2_int8_linear" if Path(path).name.startswith(AVX2.prefix) else "small_batch_linear"
+    first_op = "avx2_int8_linear" if library_of(path) is AVX2 else "small_batch_linear"
     if path in _loaded or hasattr(torch.ops.llmopt, first_op):  # this build, or another of the same library
         return
     torch.ops.load_library(path)

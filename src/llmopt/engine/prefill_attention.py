@@ -22,6 +22,7 @@ same op with what they share in `prefill_attention.h`:
 Every build passes `compare` before it is kept. It is `EngineConfig.attention_kernel` 'llmopt', the
 default where it applies and llmopt's kernel library is built.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -116,7 +117,7 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
     from vllm import _custom_ops as ops
 
     use(path)
-    dtype = torch.float32 if Path(path).name.startswith(kernels.AVX2.prefix) else torch.bfloat16
+    dtype = torch.float32 if kernels.library_of(path) is kernels.AVX2 else torch.bfloat16
     generator = torch.Generator().manual_seed(0)
     isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
     checked = 0
