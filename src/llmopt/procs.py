@@ -50,17 +50,25 @@ def stop_group(pid: int, created: float | None, grace_s: float = 20.0) -> None:
 
     Children (vLLM's engine core, a worker's engine) share the group because every background
     process is started in a session of its own.
+    A process that joins the group after the SIGTERM (an engine core its server was forking) gets
+    one of its own, and the wait lasts until the group is empty, not only the family seen first.
     """
     if not is_alive(pid, created):
         return
     family = _family(pid)
+    signalled = {proc.pid for proc in _group(pid, created)}
     _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not any(_running(p) for p in family):
+        late = [proc for proc in _group(pid, created) if proc.pid not in signalled]
+        for proc in late:
+            _signal_proc(proc, signal.SIGTERM)
+            signalled.add(proc.pid)
+        if not any(_running(p) for p in (*family, *_group(pid, created))):
             return
         time.sleep(0.2)
     _signal_group(pid, signal.SIGKILL)
+    kill_group(pid, created)
     for proc in family:
         try:
             proc.kill()
@@ -84,6 +92,21 @@ def stop_tree(pid: int, created: float | None, grace_s: float = 20.0) -> None:
     _reap(pid)
 
 
+def _group(pgid: int, created: float | None) -> list[psutil.Process]:
+    """The live members of a process group that started after its leader (recorded with its start
+    time) did: never a process that merely got a recycled pid."""
+    if created is None:
+        return []
+    members = []
+    for proc in psutil.process_iter(["pid", "create_time"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["create_time"] >= created - 1.0:
+                members.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return members
+
+
 def kill_group(pgid: int, created: float | None) -> int:
     """SIGKILL what is left of a process group whose leader (recorded with its start time) may be
     gone: only processes in that group that started after the leader did, never a process that
@@ -93,12 +116,11 @@ def kill_group(pgid: int, created: float | None) -> int:
     if psutil.pid_exists(pgid) and not is_alive(pgid, created):
         return 0  # the pid now belongs to another process, and so may the group
     killed = 0
-    for proc in psutil.process_iter(["pid", "create_time"]):
+    for proc in _group(pgid, created):
         try:
-            if os.getpgid(proc.pid) == pgid and proc.info["create_time"] >= created - 1.0:
-                proc.kill()
-                killed += 1
-        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            proc.kill()
+            killed += 1
+        except (psutil.NoSuchProcess, PermissionError):
             continue
     return killed
 
