@@ -49,9 +49,9 @@ def stop_group(pid: int, created: float | None, grace_s: float = 20.0) -> None:
     """SIGTERM the process group led by pid, then SIGKILL whatever is left after the grace period.
 
     Children (vLLM's engine core, a worker's engine) share the group because every background
-    process is started in a session of its own.
-    A process that joins the group after the SIGTERM (an engine core its server was forking) gets
-    one of its own, and the wait lasts until the group is empty, not only the family seen first.
+    process is started in a session of its own. A process that joins the group after the SIGTERM
+    (an engine core its server was forking) gets one of its own, and the wait lasts until the group
+    is empty, not only the family seen first.
     """
     if not is_alive(pid, created):
         return
@@ -60,15 +60,16 @@ def stop_group(pid: int, created: float | None, grace_s: float = 20.0) -> None:
     _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        late = [proc for proc in _group(pid, created) if proc.pid not in signalled]
-        for proc in late:
-            _signal_proc(proc, signal.SIGTERM)
-            signalled.add(proc.pid)
-        if not any(_running(p) for p in (*family, *_group(pid, created))):
+        members = _group(pid, created)
+        for proc in members:
+            if proc.pid not in signalled:
+                _signal_proc(proc, signal.SIGTERM)
+                signalled.add(proc.pid)
+        if not any(_running(p) for p in (*family, *members)):
             return
         time.sleep(0.2)
     _signal_group(pid, signal.SIGKILL)
-    kill_group(pid, created)
+    kill_group(pid, created)  # members left after their leader died, which killpg finds no group for
     for proc in family:
         try:
             proc.kill()
