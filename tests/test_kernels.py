@@ -114,6 +114,8 @@ dtype = getattr(torch, platform.default_dtype(hw))  # what llmopt serves in here
 methods = {"vllm": Impl.llmopt_vllm_methods, "lean": (Impl.forward, Impl.do_kv_cache_update)}
 generator = torch.Generator().manual_seed(0)
 isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
+if isa == "amx":  # Linux gives a process AMX tiles on request: the engine's first oneDNN matmul asks, a kernel alone does not
+    assert torch.cpu._init_amx()
 layer = SimpleNamespace(isa=isa, _k_scale_float=0.5, _v_scale_float=2.0)  # distinct: swapped, an FP8 cache shows it
 heads, kv_heads, size, block = 9, 3, 64, 128
 # the backend asks the engine's settings only for the model's dtype (encoder attention's kernel)

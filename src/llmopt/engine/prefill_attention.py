@@ -52,13 +52,23 @@ def use(path: str | Path) -> None:
     """Have vLLM's CPU attention call `torch.ops.llmopt.prefill_attention` in this process: it
     takes vLLM's arguments and hands vLLM's kernel every call it does not run itself."""
     import torch
+    from vllm.logger import init_logger
+
+    if torch.cpu._is_amx_tile_supported():  # vLLM's cache is then laid out for its AMX kernel
+        init_logger("vllm.llmopt").warning("llmopt: its prefill attention is for processors without AMX; "
+                                           "vLLM's attention stays")
+        return
+    _install(path)
+
+
+def _install(path: str | Path) -> None:
+    """The call `use` installs, on any processor: `compare` checks a build with it on AMX ones too,
+    against vLLM's `vec` path, whose cache layout the kernel reads."""
+    import torch
     from vllm import _custom_ops as ops
     from vllm.logger import init_logger
 
     logger = init_logger("vllm.llmopt")
-    if torch.cpu._is_amx_tile_supported():  # vLLM's cache is then laid out for its AMX kernel
-        logger.warning("llmopt: its prefill attention is for processors without AMX; vLLM's attention stays")
-        return
     kernels.load(path)
     op, vllms = torch.ops.llmopt.prefill_attention.default, torch.ops._C.cpu_attention_with_kv_cache.default
 
@@ -116,10 +126,10 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
     import torch
     from vllm import _custom_ops as ops
 
-    use(path)
+    _install(path)
     dtype = torch.float32 if kernels.library_of(path) is kernels.AVX2 else torch.bfloat16
     generator = torch.Generator().manual_seed(0)
-    isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
+    isa = "vec"  # the layout the kernel reads; vLLM's AMX path (bf16 only) lays its cache out otherwise
     checked = 0
     for heads, kv_heads, head_size in CHECKED_HEADS:
         for requests in CHECKED_REQUESTS:
