@@ -192,7 +192,8 @@ def test_a_key_that_differs_compiles_afresh(compiled: llmopt.Job, smol: sources.
 
 
 @pytest.mark.engine
-def test_cache_list_and_prune(compiled: llmopt.Job, endpoint) -> None:
+def test_cache_list_and_prune(compiled: llmopt.Job, endpoint, smoothquant: llmopt.Job) -> None:
+    """(The session's jobs started beside the compiled one have ended: none adds an entry meanwhile.)"""
     listed = run_cli("cache", "list")
     assert listed.returncode == 0 and "Compile cache" in listed.stdout
     entries = compile_cache.list_entries()
@@ -445,6 +446,39 @@ def test_start_phases_from_a_real_log_and_from_anything() -> None:
     assert vllm.start_phases(log[:log.index("Warming up model")], started, 20.09) == {
         "server process and imports": 5.9, "engine-core process and imports": 7.0, "KV cache, server up": 7.2}
     assert vllm.start_phases("(APIServer pid=1) INFO 99-99 99:99:99 x\n", started, 3.0) == {"KV cache, server up": 3.0}
+
+
+def test_an_engine_that_died_is_named_by_its_own_error() -> None:
+    """Block-FP8 weights under Inductor's C++ wrapper on an Intel Xeon with AMX (the engine's log, cut):
+    the request got an HTTP 500; the job says what killed the engine."""
+    log = (Path(__file__).parent / "golden" / "engine-died.log")
+    assert vllm.engine_failure(log) == ("RuntimeError: isIntList() INTERNAL ASSERT FAILED at \"/opt/python/cp312-cp312/lib/"
+                                        "python3.12/site-packages/torch/include/ATen/core/ivalue_inl.h\":1982, please report a bug "
+                                        "to PyTorch. Expected IntList but got GenericList")
+    assert vllm.engine_failure(Path(__file__).parent / "golden" / "engine-start.log") is None  # alive
+    assert vllm.engine_failure(log.with_name("no-such.log")) is None
+
+
+def test_block_fp8_weights_run_from_the_python_wrapper_on_a_cpu(tmp_path: Path) -> None:
+    """vLLM's CPU FP8 op rejects the SymInt list Inductor's C++ wrapper passes for its block size."""
+    amx = platform.detect().model_copy(update={"device": "cpu", "cpu_flags": ("avx2", "avx512f", "avx512_bf16", "amx_tile")})
+    weights = {"type": "float", "strategy": "block", "block_structure": [64, 128], "num_bits": 8}
+    config = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": weights}}}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert vllm.graph_wrapper(EngineConfig(), amx) == "cpp"
+    settled = vllm.for_checkpoint(EngineConfig(), tmp_path, amx)
+    assert vllm.graph_wrapper(settled, amx) == "python" and "--compilation-config" not in vllm.flags(settled, "m", hw=amx)
+    with pytest.raises(LlmoptError, match="'cpp' cannot run block-FP8"):
+        vllm.for_checkpoint(EngineConfig(compilation={"wrapper": "cpp"}), tmp_path, amx)
+    eager = EngineConfig(compilation={"mode": "eager"})
+    assert vllm.for_checkpoint(eager, tmp_path, amx) == eager
+    # other checkpoints, channel-wise FP8 among them, keep the machine's choice
+    for other in ({"type": "int", "strategy": "channel"}, {"type": "float", "strategy": "channel"}):
+        (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"config_groups": {"g": {"weights": other}}}}))
+        assert vllm.for_checkpoint(EngineConfig(), tmp_path, amx) == EngineConfig()
+    for text in ("{}", "not json", '{"quantization_config": "x"}'):
+        (tmp_path / "config.json").write_text(text)
+        assert vllm.for_checkpoint(EngineConfig(), tmp_path, amx) == EngineConfig()
 
 
 def test_kernels_reused_are_counted_for_the_last_start_only() -> None:

@@ -15,7 +15,8 @@ from conftest import INT8_FAST, SUITE_SMOOTHQUANT, run_cli
 
 
 @pytest.mark.engine
-def test_demo_optimizes_and_compares_on_the_real_engine(smol, tmp_path: Path) -> None:
+def test_demo_optimizes_and_compares_on_the_real_engine(smol, smoothquant, tmp_path: Path) -> None:
+    """(`smoothquant`: the session's job of the same recipe has ended, so the demo reuses its artifact.)"""
     before = {e.name for e in endpoints.list_endpoints()}
     chosen = llmopt.demo_recipe(smol.id)
     # SmoothQuant where VNNI sums its int8 products (AVX-512 VNNI and AMX alike) or, on AVX2 alone,

@@ -11,7 +11,7 @@ from typing import Any
 
 from llmopt import artifact, chat_templates, endpoints, locations, names, sources, techniques
 from llmopt.endpoints import Endpoint
-from llmopt.engine import vllm
+from llmopt.engine import platform, vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.jobs import store
@@ -41,10 +41,11 @@ def for_target(target: str, engine: EngineConfig | None = None) -> ServingSpec:
             raise LlmoptError("an artifact carries its own engine settings", "deploy it without engine flags, or optimize again")
         root = path.resolve()
         manifest = artifact.verify(root)
-        return ServingSpec(str(root), manifest.name, manifest.engine.served_name, manifest.located_engine(root),
+        return ServingSpec(str(root), manifest.name, manifest.engine.served_name,
+                           vllm.for_checkpoint(manifest.located_engine(root), root, platform.detect()),
                            store.built_here(manifest.content_hash), is_artifact=True)
     model = sources.resolve(target)
-    return ServingSpec(model.path, model.id, model.id, engine or EngineConfig())
+    return ServingSpec(model.path, model.id, model.id, vllm.for_checkpoint(engine or EngineConfig(), model.path, platform.detect()))
 
 
 def deploy(

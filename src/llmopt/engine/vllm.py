@@ -40,6 +40,8 @@ CPU_ATTENTION_FILE = "vllm/v1/attention/backends/cpu_attn.py"
 ARTIFACT_RELATIVE = "./"  # a path in settings that lies inside the artifact being served
 KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)$", re.MULTILINE)
 CHUNK_BUDGET_LINE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+FATAL_LINE = "EngineCore encountered a fatal error"
+RAISED_LINE = re.compile(r"^\(EngineCore[^)]*\) ERROR [^\]]*\] ((?:[\w.]+(?:Error|Exception)): .*)$", re.MULTILINE)
 LOG_TIME = re.compile(r"^\((?:APIServer|EngineCore|Worker)[^)]*\) [A-Z]+ (\d\d-\d\d \d\d:\d\d:\d\d) ", re.MULTILINE)
 # A start's phases, each ending at the first log line that matches (the last one ends at ready).
 START_PHASES = (
@@ -173,6 +175,31 @@ def graph_wrapper(config: EngineConfig, hw: platform.Hardware | None) -> str | N
         raise LlmoptError(f"compilation wrapper 'cpp' is for CPUs, and this machine serves on {hw.gpu or hw.device}",
                           "leave compilation.wrapper unset (vLLM replays CUDA graphs there) or set it to 'python'")
     return chosen
+
+
+def _block_fp8(model_path: str | Path) -> bool:
+    """Whether the checkpoint's config.json declares block-wise FP8 weights (compressed-tensors)."""
+    try:
+        quant = json.loads((Path(model_path) / "config.json").read_text()).get("quantization_config")
+        groups = quant.get("config_groups") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(isinstance(g, dict) and isinstance(g.get("weights"), dict) and g["weights"].get("type") == "float"
+               and g["weights"].get("strategy") == "block" for g in groups.values())
+
+
+def for_checkpoint(config: EngineConfig, model_path: str | Path, hw: platform.Hardware) -> EngineConfig:
+    """The settings as this checkpoint runs here. vLLM 0.32's CPU FP8 kernel (`fp8_scaled_mm_cpu`)
+    declares its block size `SymInt[]` but reads a list of plain ints: Inductor's C++ wrapper hands it
+    SymInts and the first forward fails ("isIntList() INTERNAL ASSERT FAILED ... Expected IntList but
+    got GenericList", seen on an Intel Xeon with AMX), so block-FP8 weights on a CPU run the graph
+    from the Python wrapper, which passes ints."""
+    if hw.device != "cpu" or graph_wrapper(config, hw) != "cpp" or not _block_fp8(model_path):
+        return config
+    if config.compilation.wrapper == "cpp":
+        raise LlmoptError("compilation wrapper 'cpp' cannot run block-FP8 weights on a CPU: vLLM's FP8 kernel rejects "
+                          "the block size Inductor's C++ wrapper passes it", "leave compilation.wrapper unset, or set it to 'python'")
+    return config.model_copy(update={"compilation": config.compilation.model_copy(update={"wrapper": "python"})})
 
 
 def flags(config: EngineConfig, served_name: str, trust_remote_code: bool = False, chat_template: str | None = None,
@@ -554,6 +581,20 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except ProcessLookupError:
         return None
+
+
+def engine_failure(path: Path) -> str | None:
+    """The exception that killed the engine core, from its log ("EngineCore encountered a fatal
+    error" and the traceback's last line), or None while it has not died."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    start = text.rfind(FATAL_LINE)
+    if start < 0:
+        return None
+    raised = [m.group(1) for m in RAISED_LINE.finditer(text, start)]
+    return raised[0].strip() if raised else "no exception in its log"
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -5,6 +5,7 @@ numbers is also measured against the source model, and each technique judges its
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 from typing import Any
 
@@ -100,17 +101,25 @@ def _base_file(ctx: BuildContext) -> Path:
 
 
 def _base(ctx: BuildContext) -> SourceNumbers:
-    """The source's perplexity and greedy outputs: from an earlier job's measurement, or measured now."""
+    """The source's perplexity and greedy outputs: from an earlier job's measurement, or measured
+    now. Jobs of one source running side by side measure it once: the others wait for its numbers
+    (the lock goes with the process that holds it, a stopped job's too)."""
     cached = _base_file(ctx)
-    if cached.is_file():
-        ctx.log.info("source's numbers from an earlier measurement: %s", cached)
-        return SourceNumbers.model_validate_json(cached.read_text())
-    ctx.log.info("serving the source model to measure its perplexity and greedy outputs")
-    with served(ctx, ctx.source.path, EngineConfig(), "measure-base") as run:
-        base = SourceNumbers(perplexity=quality.perplexity(run.server.url, run.running.served_name, corpus.heldout_texts()),
-                             greedy_tokens=_greedy(ctx, run))
-    paths.write_atomic(cached, base.model_dump_json())
-    return base
+    with cached.with_suffix(".lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            ctx.log.info("waiting for another job's measurement of the source")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if cached.is_file():
+            ctx.log.info("source's numbers from an earlier measurement: %s", cached)
+            return SourceNumbers.model_validate_json(cached.read_text())
+        ctx.log.info("serving the source model to measure its perplexity and greedy outputs")
+        with served(ctx, ctx.source.path, EngineConfig(), "measure-base") as run:
+            base = SourceNumbers(perplexity=quality.perplexity(run.server.url, run.running.served_name, corpus.heldout_texts()),
+                                 greedy_tokens=_greedy(ctx, run))
+        paths.write_atomic(cached, base.model_dump_json())
+        return base
 
 
 def _greedy(ctx: BuildContext, run: Served) -> list[list[int]]:

@@ -12,6 +12,7 @@ from typing import Iterator
 from llmopt import paths
 from llmopt.engine import compile_cache, vllm
 from llmopt.engine.config import EngineConfig
+from llmopt.errors import LlmoptError
 from llmopt.techniques.base import BuildContext, Running
 
 SERVED_NAME = "artifact-under-test"
@@ -35,7 +36,7 @@ class Served:
 def served(ctx: BuildContext, model_path: str, engine: EngineConfig, purpose: str) -> Iterator[Served]:
     """A vLLM server for `model_path` in the worker's process group (a stopped job takes it down),
     started against its compile-cache entry; its log is `<purpose><build label>.log`."""
-    config = vllm.located(engine, ctx.workdir)
+    config = vllm.for_checkpoint(vllm.located(engine, ctx.workdir), model_path, ctx.hardware)
     log_path = paths.logs_dir() / f"{purpose}{ctx.workdir.name.removeprefix('.build')}.log"
     ctx.log.info("serving %s; engine log: %s", model_path, log_path)
     host = vllm.DEFAULT_HOST
@@ -51,5 +52,11 @@ def served(ctx: BuildContext, model_path: str, engine: EngineConfig, purpose: st
             ready = round(time.monotonic() - started, 2)
             start = cache.ready(ready, started_at, log_path)
             yield Served(server, log_path, ready, start, cache.entry)
+        except Exception as exc:
+            failure = None if isinstance(exc, LlmoptError) else vllm.engine_failure(log_path)
+            if failure:  # a request's HTTP 500 says nothing of why: the engine's own error does
+                raise LlmoptError(f"the engine died while serving ({purpose}): {failure}",
+                                  f"its log is {log_path}; report it with that log") from exc
+            raise
         finally:
             server.stop()
