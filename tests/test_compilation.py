@@ -448,14 +448,18 @@ def test_start_phases_from_a_real_log_and_from_anything() -> None:
     assert vllm.start_phases("(APIServer pid=1) INFO 99-99 99:99:99 x\n", started, 3.0) == {"KV cache, server up": 3.0}
 
 
-def test_an_engine_that_died_is_named_by_its_own_error() -> None:
+def test_an_engine_that_died_is_named_by_its_own_error(tmp_path: Path) -> None:
     """Block-FP8 weights under Inductor's C++ wrapper on an Intel Xeon with AMX (the engine's log, cut):
     the request got an HTTP 500; the job says what killed the engine."""
     log = (Path(__file__).parent / "golden" / "engine-died.log")
     assert vllm.engine_failure(log) == ("RuntimeError: isIntList() INTERNAL ASSERT FAILED at \"/opt/python/cp312-cp312/lib/"
                                         "python3.12/site-packages/torch/include/ATen/core/ivalue_inl.h\":1982, please report a bug "
                                         "to PyTorch. Expected IntList but got GenericList")
-    assert vllm.engine_failure(Path(__file__).parent / "golden" / "engine-start.log") is None  # alive
+    started = log.with_name("engine-start.log")
+    assert vllm.engine_failure(started) is None  # alive
+    restarted = tmp_path / "restarted.log"  # a later start appended to the dead one's log is alive
+    restarted.write_text(log.read_text() + started.read_text())
+    assert started.read_text().startswith("$ ") and vllm.engine_failure(restarted) is None
     assert vllm.engine_failure(log.with_name("no-such.log")) is None
 
 

@@ -584,12 +584,14 @@ def _pgid(pid: int) -> int | None:
 
 
 def engine_failure(path: Path) -> str | None:
-    """The exception that killed the engine core, from its log ("EngineCore encountered a fatal
-    error" and the traceback's last line), or None while it has not died."""
+    """The exception that killed the engine core, from the last start's part of its log
+    ("EngineCore encountered a fatal error" and the traceback's last line), or None while it has
+    not died."""
     try:
         text = path.read_text(errors="replace")
     except FileNotFoundError:
         return None
+    text = text[text.rfind("\n$ ") + 1:]  # earlier starts appended to the same log
     start = text.rfind(FATAL_LINE)
     if start < 0:
         return None
