@@ -31,7 +31,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ["LLMOPT_HOME"] = tempfile.mkdtemp(prefix="llmopt-test-home-")
 
 import llmopt  # noqa: E402
-from llmopt import ChunkedPrefill, Compilation, Recipe, catalog, recipe, sources  # noqa: E402
+from llmopt import ChunkedPrefill, Compilation, DraftModel, Recipe, catalog, recipe, sources  # noqa: E402
 from llmopt.engine import platform, vllm, zygote  # noqa: E402
 from llmopt.engine.config import EngineConfig  # noqa: E402
 from llmopt.jobs import store  # noqa: E402
@@ -181,17 +181,20 @@ def endpoint(smol: sources.Model):
 # artifact each needs for the price of one cold compile (about 130 s on a Zen 3 EPYC)
 COMPILED = Recipe(compilation=Compilation(max_num_seqs=8, max_model_len=2048),
                   chunked_prefill=ChunkedPrefill(max_num_batched_tokens=256))
+# the target drafting for itself never pays, so the recipe speculates at every batch size
+SELF_DRAFT = Recipe(speculative=DraftModel(catalog.DEFAULT_MODEL, num_speculative_tokens=3, disable_above_batch="never"))
 
 
 @pytest.fixture(scope="session")
 def session_jobs(request: pytest.FixtureRequest, smol: sources.Model) -> dict[str, llmopt.Job]:
-    """The session's shared artifacts, their jobs started together when the first is needed: a cold
-    compile is mostly one busy core, so the baseline's, the compiled job's and SmoothQuant's side by
-    side take less time than one after the other, and the source is measured once for all three
-    (techniques/measure.py). Only the jobs some collected test needs start."""
+    """The jobs whose work is mostly cold compiles, started together when the first is needed: a cold
+    compile keeps about one core busy, so the baseline's, the compiled job's and the self-drafting
+    job's side by side took less time than one after the other, and the source is measured once
+    (techniques/measure.py). Not quantizing jobs: SmoothQuant's GPTQ took 17 minutes beside two
+    compiles on an Intel Xeon with AMX, against about 2 alone. Only the jobs some collected test
+    needs start."""
     needed = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
-    recipes = {"baseline": ("baseline", "baseline-job"), "compiled": (COMPILED, "compiled-job"),
-               "smoothquant": (recipe.parse(SUITE_SMOOTHQUANT), "smoothquant-job")}
+    recipes = {"baseline": ("baseline", "baseline-job"), "compiled": (COMPILED, "compiled-job"), "draft_job": (SELF_DRAFT, "draft-job")}
     return {key: llmopt.optimize(smol.id, chosen, name=name, wait=False) for key, (chosen, name) in recipes.items()
             if key == "baseline" or key in needed}
 
@@ -215,9 +218,17 @@ def compiled(session_jobs: dict[str, llmopt.Job]) -> llmopt.Job:
 
 
 @pytest.fixture(scope="session")
-def smoothquant(session_jobs: dict[str, llmopt.Job]) -> llmopt.Job:
+def draft_job(session_jobs: dict[str, llmopt.Job]) -> llmopt.Job:
+    """The target drafting for itself, as it was started (its warnings are those of its creation)."""
+    return session_jobs["draft_job"]
+
+
+@pytest.fixture(scope="session")
+def smoothquant(smol: sources.Model, baseline: llmopt.Job) -> llmopt.Job:
     """The built-in SmoothQuant recipe's artifact (what `llmopt demo` builds where VNNI is), once per session."""
-    return _finished(session_jobs, "smoothquant")
+    job = llmopt.optimize(smol.id, recipe.parse(SUITE_SMOOTHQUANT), name="smoothquant-job")
+    assert job.status == "COMPLETED", job.record.failure_reason
+    return job
 
 
 def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:

@@ -192,8 +192,9 @@ def test_a_key_that_differs_compiles_afresh(compiled: llmopt.Job, smol: sources.
 
 
 @pytest.mark.engine
-def test_cache_list_and_prune(compiled: llmopt.Job, endpoint, smoothquant: llmopt.Job) -> None:
-    """(The session's jobs started beside the compiled one have ended: none adds an entry meanwhile.)"""
+def test_cache_list_and_prune(compiled: llmopt.Job, endpoint, draft_job: llmopt.Job) -> None:
+    """(The job started beside the compiled one has ended: it adds no entry meanwhile.)"""
+    draft_job.wait()
     listed = run_cli("cache", "list")
     assert listed.returncode == 0 and "Compile cache" in listed.stdout
     entries = compile_cache.list_entries()

@@ -178,10 +178,9 @@ def test_ngram_deploy_reports_acceptance_per_concurrency(ngram_job: llmopt.Job) 
 
 
 @pytest.mark.engine
-def test_draft_model_job_with_the_target_as_its_own_draft(smol) -> None:
-    # the target drafting for itself never pays, so the recipe speculates at every batch size
-    recipe = Recipe(speculative=DraftModel(smol.id, num_speculative_tokens=3, disable_above_batch="never"))
-    job = llmopt.optimize(smol.id, recipe, name="draft-job", wait=False)
+def test_draft_model_job_with_the_target_as_its_own_draft(smol, draft_job: llmopt.Job) -> None:
+    """(Its job started with the session's first jobs: conftest.SELF_DRAFT.)"""
+    job = draft_job
     assert any("is the target itself" in w for w in job.warnings)
     job.wait()
     assert job.status == store.COMPLETED, job.record.failure_reason
