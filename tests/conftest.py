@@ -190,8 +190,8 @@ def session_jobs(request: pytest.FixtureRequest, smol: sources.Model) -> dict[st
     """The jobs whose work is mostly cold compiles, started together when the first is needed: a cold
     compile keeps about one core busy, so the baseline's, the compiled job's and the self-drafting
     job's side by side took less time than one after the other, and the source is measured once
-    (techniques/measure.py). Not quantizing jobs: SmoothQuant's GPTQ took 17 minutes beside two
-    compiles on an Intel Xeon with AMX, against about 2 alone. Only the jobs some collected test
+    (techniques/measure.py). Not quantizing jobs: SmoothQuant's quantizing took 1,045 s beside two
+    compiles on an Intel Xeon with AMX, against 142 s alone. Only the jobs some collected test
     needs start."""
     needed = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
     recipes = {"baseline": ("baseline", "baseline-job"), "compiled": (COMPILED, "compiled-job"), "draft_job": (SELF_DRAFT, "draft-job")}
