@@ -141,6 +141,29 @@ def test_a_recycled_pid_is_never_signalled(home: Path) -> None:
         stranger.wait()
 
 
+def test_a_clock_step_leaves_live_workers_alive(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wall clock stepping (time sync, a paused virtual machine resumed) moves the boot time it
+    implies: a job whose worker runs stays IN_PROGRESS, and its build folder stays."""
+    sleeper = subprocess.Popen(["setsid", "sleep", "60"])
+    try:
+        time.sleep(0.2)
+        store.JOBS.insert(store.JobRecord(name="clock-stepped", source="x", recipe={}, status=store.INPROGRESS, log_path="/dev/null",
+                                          output_dir=str(paths.artifacts_dir() / "clock-stepped"), pid=sleeper.pid,
+                                          pid_create_time=procs.create_time(sleeper.pid), created_at=time.time()))
+        record = store.get("clock-stepped")
+        record.workdir.mkdir(parents=True)
+        from psutil import _pslinux
+        stepped = _pslinux.boot_time() + 30
+        monkeypatch.setattr(_pslinux, "boot_time", lambda: stepped)
+        assert store.get("clock-stepped").status == store.INPROGRESS and record.workdir.is_dir()
+        assert procs.kill_group(sleeper.pid, record.pid_create_time) == 1  # still recognised as the one recorded
+        sleeper.wait(timeout=10)
+        assert store.get("clock-stepped").status == store.FAILED and not record.workdir.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 @pytest.mark.engine
 def test_a_crafted_manifest_cannot_run_code(baseline: llmopt.Job, tmp_path: Path) -> None:
     copy = tmp_path / "crafted"

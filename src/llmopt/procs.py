@@ -1,6 +1,6 @@
 """Background processes that outlive the command that started them: liveness and clean stops.
 
-A record stores a pid with the process's creation time, so a recycled pid is never mistaken for
+A record stores a pid with the process's start time, so a recycled pid is never mistaken for
 the engine or worker it once was.
 """
 
@@ -19,8 +19,20 @@ import psutil
 SPAWN_GRACE_S = 120.0  # a record whose process was never started, after this long, was abandoned
 
 
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+_SAME_START_S = 0.5 / _TICKS_PER_S  # start times are whole ticks: equal, or apart by one at least
+
+
 def create_time(pid: int) -> float:
-    return psutil.Process(pid).create_time()
+    """When the process started, in seconds after boot. Not psutil's `create_time`, which adds the
+    boot time the wall clock implies *now*: a clock step (time sync, a virtual machine paused and
+    resumed) moves that for every process at once, and a CI run saw its live workers and engines
+    all taken for dead (their build folders deleted under them). The kernel's start tick never moves."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError) as gone:
+        raise psutil.NoSuchProcess(pid) from gone
+    return int(stat[stat.rindex(")") + 2:].split()[19]) / _TICKS_PER_S
 
 
 def is_alive(pid: int | None, created: float | None) -> bool:
@@ -32,7 +44,7 @@ def is_alive(pid: int | None, created: float | None) -> bool:
         if proc.status() == psutil.STATUS_ZOMBIE:
             _reap(pid)
             return False
-        return created is None or abs(proc.create_time() - created) < 1.0
+        return created is None or abs(create_time(pid) - created) < _SAME_START_S
     except psutil.NoSuchProcess:
         return False
 
@@ -99,9 +111,9 @@ def _group(pgid: int, created: float | None) -> list[psutil.Process]:
     if created is None:
         return []
     members = []
-    for proc in psutil.process_iter(["pid", "create_time"]):
+    for proc in psutil.process_iter(["pid"]):
         try:
-            if os.getpgid(proc.pid) == pgid and proc.info["create_time"] >= created - 1.0:
+            if os.getpgid(proc.pid) == pgid and create_time(proc.pid) > created - _SAME_START_S:
                 members.append(proc)
         except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
             continue
