@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from psutil import _pslinux
 
 import llmopt
 from llmopt import artifact, client, names, paths, procs, records, sources
@@ -152,7 +153,6 @@ def test_a_clock_step_leaves_live_workers_alive(home: Path, monkeypatch: pytest.
                                           pid_create_time=procs.create_time(sleeper.pid), created_at=time.time()))
         record = store.get("clock-stepped")
         record.workdir.mkdir(parents=True)
-        from psutil import _pslinux
         stepped = _pslinux.boot_time() + 30
         monkeypatch.setattr(_pslinux, "boot_time", lambda: stepped)
         assert store.get("clock-stepped").status == store.INPROGRESS and record.workdir.is_dir()

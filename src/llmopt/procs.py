@@ -28,11 +28,17 @@ def create_time(pid: int) -> float:
     boot time the wall clock implies *now*: a clock step (time sync, a virtual machine paused and
     resumed) moves that for every process at once, and a CI run saw its live workers and engines
     all taken for dead (their build folders deleted under them). The kernel's start tick never moves."""
+    return _stat(pid)[1]
+
+
+def _stat(pid: int) -> tuple[str, float]:
+    """The process's state letter ("Z" for a zombie) and start time, from one read of its stat file."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError) as gone:
         raise psutil.NoSuchProcess(pid) from gone
-    return int(stat[stat.rindex(")") + 2:].split()[19]) / _TICKS_PER_S
+    fields = stat[stat.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+    return fields[0], int(fields[19]) / _TICKS_PER_S
 
 
 def is_alive(pid: int | None, created: float | None) -> bool:
@@ -40,13 +46,13 @@ def is_alive(pid: int | None, created: float | None) -> bool:
     if pid is None:
         return False
     try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            _reap(pid)
-            return False
-        return created is None or abs(create_time(pid) - created) < _SAME_START_S
+        state, started = _stat(pid)
     except psutil.NoSuchProcess:
         return False
+    if state == "Z":
+        _reap(pid)
+        return False
+    return created is None or abs(started - created) < _SAME_START_S
 
 
 def lost(pid: int | None, created: float | None, recorded_at: float) -> str | None:
