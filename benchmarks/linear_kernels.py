@@ -3,7 +3,7 @@ gives every layer without AMX) against its packed-weight kernels (`weight_packed
 `int8_scaled_mm_with_quant` for int8; what llmopt gives them there, `EngineConfig.linear_kernels`),
 and llmopt's small-batch kernels over the same packed weights (`small_batch_linear` for bf16,
 `small_batch_int8_linear` for int8; built if they are not yet), which stand in for vLLM's up to 64
-rows and at 5 to 32. `--out NAME` writes results/NAME instead.
+rows and at 5 to 32 (with AMX, the build for it: the bf16 kernel alone, up to 4 rows). `--out NAME` writes results/NAME instead.
 On x86 without AVX-512 (float32 served, no packed kernels), it compares what runs there instead,
 llmopt's AVX2 W8A8 kernel and its float32 kernel with bf16-held weights among them (`avx2` below),
 and writes results/linear_kernels_avx2.json.
@@ -43,6 +43,7 @@ from llmopt.engine.config import EngineConfig
 SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576), "down_proj": (576, 1536),
           "lm_head": (49152, 576)}  # (N, K) of SmolLM2-135M
 ROWS = (1, 4, 8, 16, 40, 256)
+LIBRARY: dict[str, Path] = {}  # the build of llmopt's kernels for this processor, once main has built it
 COLD_BYTES = 300e6
 ROUNDS = 5
 
@@ -92,7 +93,7 @@ def bf16(m: int, n: int, k: int, zentorch: bool = False) -> dict[str, float]:
              "packed_s": _time(lambda i: vllm_packed(x, packed[i], n), copies),
              "onednn_error": _error(ops.onednn_mm(handlers[0], x, None), ref),
              "packed_error": _error(vllm_packed(x, packed[0], n), ref), "weight_bytes": n * k * 2}
-    if m <= small_batch_linear.MAX_ROWS:
+    if m <= small_batch_linear.max_rows(LIBRARY["path"]):
         found |= {"llmopt_s": _time(lambda i: small_batch(x, packed[i], n), copies),
                   "llmopt_error": _error(small_batch(x, packed[0], n), ref)}
     if zentorch:
@@ -163,7 +164,7 @@ def int8(m: int, n: int, k: int) -> dict[str, float]:
     ref = x.float() @ (weights[0].float() * scales[0]).t()
     found = {"onednn_s": _time(onednn, copies), "packed_s": _time(packed_mm, copies), "onednn_error": _error(onednn(0), ref),
              "packed_error": _error(packed_mm(0), ref), "weight_bytes": n * k}
-    if small_batch_int8_linear.MIN_ROWS <= m <= small_batch_int8_linear.MAX_ROWS:
+    if small_batch_int8_linear.MIN_ROWS <= m <= small_batch_int8_linear.MAX_ROWS and hasattr(torch.ops.llmopt, "small_batch_int8_linear"):
         found |= {"llmopt_s": _time(small_batch_int8, copies), "llmopt_error": _error(small_batch_int8(0), ref)}
     return found
 
@@ -261,7 +262,8 @@ def main() -> None:
         return
     if not platform.packed_linear_supported(hw):
         raise SystemExit(f"{hw.cpu_model} lacks AVX-512 BF16 or VNNI: vLLM's packed kernels do not run here")
-    small_batch_linear.use(kernels.build())  # loads the library: both small-batch ops
+    LIBRARY["path"] = kernels.build(platform.kernel_library(hw))
+    small_batch_linear.use(LIBRARY["path"])  # loads the library: both small-batch ops (with AMX, its build of the bf16 one)
     if "--zentorch" in sys.argv[1:]:
         (Path(__file__).parent / "results" / "linear_kernels_zentorch.json").write_text(json.dumps(
             {"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,

@@ -53,10 +53,11 @@ if [ "$test_tools" = 1 ]; then
 fi
 
 # llmopt's kernels, where they are the engine's choice: small-batch linear and prefill attention on
-# AVX-512 BF16 without AMX, the W8A8 linear layer on x86 with AVX2 and neither AVX-512 nor VNNI.
+# AVX-512 BF16 without AMX (with AMX, the bf16 linear kernel alone, up to 4 rows), the W8A8 linear
+# layer on x86 with AVX2 and neither AVX-512 nor VNNI.
 # Built once with the machine's C++ compiler (g++ from Debian where there is none) against the
 # installed torch, into .venv/lib/llmopt-kernels/, and kept once they agree with what they stand in for.
-if .venv/bin/python -c "from llmopt.engine import platform as p; hw = p.detect(); raise SystemExit(not (p.llmopt_kernels_apply(hw) or p.avx2_int8_applies(hw)))"; then
+if .venv/bin/python -c "from llmopt.engine import platform as p; hw = p.detect(); raise SystemExit(not p.builds_kernels(hw))"; then
   command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || apt_install g++
   .venv/bin/python -c "from llmopt.engine import kernels as k, platform as p; print('llmopt kernels built:', k.build(p.kernel_library(p.detect())).name)" ||
     echo "install.sh: llmopt's kernels did not build; engines use vLLM's kernels (torch's weight-only int8 on AVX2)" >&2

@@ -127,9 +127,9 @@ def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, e
 
 @pytest.mark.engine
 def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> None:
-    """Without AMX, vLLM's packed-weight kernels (the engine's log says so), with llmopt's small-batch
-    kernel and prefill attention where they are built (loaded in the engine core, where the model
-    runs); with AMX, vLLM's choice; on x86 without AVX-512 nor VNNI, llmopt's AVX2 library: its int8
+    """On AVX-512 BF16, vLLM's packed-weight kernels (the engine's log says so), with llmopt's small-batch
+    kernel where it is built (loaded in the engine core, where the model runs: up to 64 rows, and its
+    prefill attention; with AMX, its AMX build, up to 4 rows); on x86 without AVX-512 nor VNNI, llmopt's AVX2 library: its int8
     kernel, and its float32 one with bf16-held weights for the model's layers and tied lm_head. Its attention layers, on CPU, through llmopt's lean calls."""
     hw = platform.detect()
     chosen = vllm.linear_kernels(EngineConfig(), hw)
@@ -149,7 +149,8 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     attention = vllm.attention_kernel(EngineConfig(), hw)
     assert (kernels.library_path(platform.kernel_library(hw)).name in mapped) == ("llmopt" in (chosen, attention)), (chosen, attention)
     avx2 = chosen == "llmopt" and platform.avx2_int8_applies(hw)
-    for line, used in (("small-batch bf16 linear kernel", chosen == "llmopt" and packed), ("its prefill attention kernel for steps that carry a prompt", attention == "llmopt"),
+    rows = small_batch_linear.max_rows(kernels.library_path(platform.kernel_library(hw)))
+    for line, used in ((f"small-batch bf16 linear kernel for up to {rows} rows", chosen == "llmopt" and packed), ("its prefill attention kernel for steps that carry a prompt", attention == "llmopt"),
                        (attention_calls.LINE, hw.device == "cpu"),
                        (f"Using {avx2_bf16_linear.KERNEL} for UnquantizedLinearMethod", avx2),
                        (f"Using {avx2_bf16_linear.KERNEL} for UnquantizedEmbeddingMethod", avx2)):
@@ -228,7 +229,8 @@ AVX512 = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512f")
 @pytest.mark.parametrize("flags, engine, built, expected", [
     (AVX512, EngineConfig(), True, "llmopt"),
     (AVX512, EngineConfig(), False, "packed"),
-    ((*AVX512, "amx_bf16", "amx_int8", "amx_tile"), EngineConfig(), True, "vllm"),
+    ((*AVX512, "amx_bf16", "amx_int8", "amx_tile"), EngineConfig(), True, "llmopt"),  # its AMX build: the bf16 kernel up to 4 rows
+    ((*AVX512, "amx_bf16", "amx_int8", "amx_tile"), EngineConfig(), False, "vllm"),
     (AVX512, EngineConfig(linear_kernels="vllm"), True, "vllm"),
     (AVX512, EngineConfig(linear_kernels="packed"), True, "packed"),
     (AVX512, EngineConfig(linear_kernels="vllm", attention_kernel="vllm"), True, "vllm"),
@@ -318,12 +320,6 @@ def test_the_prefill_attention_where_it_cannot_run_is_refused(flags: tuple[str, 
     with pytest.raises(LlmoptError, match=f"attention_kernel 'llmopt' runs on AVX-512 BF16 without AMX or on AVX2 without "
                                           f"AVX-512 and VNNI, and this Xeon {lacks} -- leave attention_kernel unset"):
         vllm.environment(EngineConfig(linear_kernels="vllm", attention_kernel="llmopt"), hw)
-
-
-def test_the_small_batch_kernel_with_amx_is_refused() -> None:
-    hw = platform.Hardware(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, cpu_flags=(*AVX512, "amx_bf16"), gpu=None)
-    with pytest.raises(LlmoptError, match="'llmopt' is for processors without AMX, and this Xeon has it -- .*'packed'"):
-        vllm.environment(EngineConfig(linear_kernels="llmopt"), hw)
 
 
 def test_one_process_executor_with_tensor_parallelism_is_refused() -> None:

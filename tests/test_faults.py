@@ -333,7 +333,7 @@ def test_kills_at_every_stage_leave_true_records(smol: sources.Model, baseline: 
     quick = {"quantization": QUICK_SMOOTHQUANT}
     kept = quantization.kept_weights(schemes.SmoothQuant(**QUICK_SMOOTHQUANT), smol, 1, quantization.calibration_dtype(platform.detect()))
     shutil.rmtree(kept, ignore_errors=True)  # quantizing here, whatever this session quantized before (kept weights are linked)
-    # built here, not reused, whatever an earlier test built (without VNNI the suite's SmoothQuant recipe is this one)
+    # built here, not reused, whatever an earlier test built (the suite's SmoothQuant recipe is this one)
     job = llmopt.optimize(smol.id, quick, name="killed-mid-quantize", force=True, wait=False)
     deadline = time.monotonic() + 300
     while job.record.progress.get("quantize", store.StepProgress()).fraction < 0.1 and time.monotonic() < deadline:

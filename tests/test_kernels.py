@@ -21,6 +21,7 @@ from llmopt.errors import LlmoptError
 
 HW = platform.detect()
 runs_here = pytest.mark.skipif(not platform.llmopt_kernels_apply(HW), reason="needs AVX-512 BF16 and VNNI, no AMX")
+bf16_linear_runs_here = pytest.mark.skipif(not platform.packed_linear_supported(HW), reason="needs AVX-512 BF16 and VNNI")
 attention_runs_here = pytest.mark.skipif(not platform.prefill_attention_applies(HW),
                                          reason="needs AVX-512 BF16 without AMX, or AVX2 without AVX-512 and VNNI")
 avx2_here = pytest.mark.skipif("avx2" not in HW.cpu_flags, reason="needs x86 with AVX2")
@@ -28,9 +29,9 @@ avx2_here = pytest.mark.skipif("avx2" not in HW.cpu_flags, reason="needs x86 wit
 SAME_BITS = """
 import torch, vllm._C
 from vllm import _custom_ops as ops
-from llmopt.engine import kernels, small_batch_linear
+from llmopt.engine import kernels, platform, small_batch_linear
 vllms = ops.weight_packed_linear_cpu
-checked = small_batch_linear.compare(kernels.build(), vllms)
+checked = small_batch_linear.compare(kernels.build(platform.kernel_library(platform.detect())), vllms)
 n, k = 576, 1536
 packed = torch.ops._C.convert_weight_packed(torch.randn(n, k, dtype=torch.bfloat16))
 traced = torch.compile(lambda x: ops.weight_packed_linear_cpu(x, packed, n, None), dynamic=True)
@@ -41,8 +42,10 @@ print(checked)
 """
 
 
-@runs_here
+@bf16_linear_runs_here
 def test_the_kernel_gives_vllms_bits_at_every_batch() -> None:
+    """The build for this processor: up to 64 rows without AMX; with AMX up to 4, where vLLM's kernel
+    does not use the tiles (past them, its tiles' bits)."""
     done = subprocess.run([sys.executable, "-c", SAME_BITS], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     checked = len(small_batch_linear.CHECKED_SHAPES) * 2 * len(small_batch_linear.CHECKED_ROWS)
@@ -417,6 +420,21 @@ def test_a_library_that_does_not_load_is_not_kept(monkeypatch: pytest.MonkeyPatc
     assert list((tmp_path / "kernels").iterdir()) == []
 
 
+def test_with_amx_the_library_is_the_bf16_kernel_alone_up_to_four_rows() -> None:
+    """vLLM's packed bf16 kernel multiplies 5 rows or more on AMX tiles, whose bits the kernel does not
+    give (it differed at 8 rows), and vLLM's int8 kernel and attention run on them too."""
+    amx = platform.Hardware(device="cpu", cpu_model="Xeon", cores=2, memory_gib=24, gpu=None,
+                            cpu_flags=("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"))
+    assert platform.kernel_library(amx) is kernels.AMX and platform.builds_kernels(amx)
+    assert not platform.llmopt_kernels_apply(amx) and not platform.prefill_attention_applies(amx)
+    assert [source.name for source in kernels.AMX.sources] == ["small_batch_linear.cpp"]
+    assert f"-DLLMOPT_MAX_ROWS={kernels.AMX_LINEAR_MAX_ROWS}" in kernels.AMX.flags and kernels.AMX_LINEAR_MAX_ROWS == 4
+    for library, rows in ((kernels.AMX, 4), (kernels.AVX512, kernels.LINEAR_MAX_ROWS)):
+        path = kernels.library_path(library)
+        assert kernels.library_of(path) is library and small_batch_linear.max_rows(path) == rows
+    assert kernels.library_of(kernels.library_path(kernels.AVX2)) is kernels.AVX2
+
+
 def test_every_header_a_library_includes_is_in_its_hash_and_shipped() -> None:
     """A header edited alone must build anew (it is in the library's name) and reach an installed
     package (package data): each `#include "..."` of a library's sources is one of its `headers`."""
@@ -427,7 +445,7 @@ def test_every_header_a_library_includes_is_in_its_hash_and_shipped() -> None:
     from pathlib import Path
 
     shipped = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["llmopt"]
-    for library in (kernels.AVX512, kernels.AVX2):
+    for library in (kernels.AVX512, kernels.AMX, kernels.AVX2):
         included = {source.with_name(name) for source in library.sources
                     for name in re.findall(r'#include "([^"]+)"', source.read_text())}
         assert included == set(library.headers), library.prefix

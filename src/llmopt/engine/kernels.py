@@ -1,7 +1,8 @@
 """llmopt's CPU kernels, one library built from their C++ sources: the small-batch linear kernels,
 bf16 (`small_batch_linear.cpp`) and W8A8 (`small_batch_int8_linear.cpp`), and the prefill attention
 kernel (`prefill_attention.cpp`). Each stands in for a vLLM kernel on AVX-512 BF16 processors
-without AMX and hands what it does not do to it.
+without AMX and hands what it does not do to it. With AMX a build of the bf16 linear kernel alone
+(`AMX`) runs up to 4 rows, where vLLM's kernel does not use the tiles.
 
 The build is direct: one g++ command over torch's headers and libraries, found without importing
 torch, into the environment's `lib/llmopt-kernels/`, named by the sources' hash and torch's and
@@ -36,6 +37,9 @@ from llmopt.errors import LlmoptError
 
 LIBRARY_ENV = "LLMOPT_KERNELS"  # the built library's path: the engine core loads it
 LINEAR_MAX_ROWS = 64  # the most rows the bf16 linear kernel runs itself; more go to vLLM's
+# With AMX, vLLM's packed bf16 kernel multiplies up to 4 rows with AVX-512 BF16 dot products, whose
+# bits the small-batch kernel gives, and 5 or more on AMX tiles (other bits): the kernel takes the first
+AMX_LINEAR_MAX_ROWS = 4
 INT8_MIN_ROWS, INT8_MAX_ROWS = 5, 32  # the int8 one's: vLLM's reads each weight once up to 4 rows; past 32 no faster
 ATTENTION_MIN_QUERIES = 16  # a step is the attention kernel's when one of its sequences has this many queries
 COMMON_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp")
@@ -56,12 +60,12 @@ class Library:
     headers: tuple[Path, ...] = ()
 
 
+AVX512_FLAGS = (*COMMON_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni", ABI)
 AVX512 = Library(
     prefix="llmopt-kernels-",
     sources=tuple(Path(__file__).with_name(name) for name in ("small_batch_linear.cpp", "small_batch_int8_linear.cpp",
                                                               "prefill_attention.cpp")),
-    flags=(*COMMON_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni", ABI,
-           f"-DLLMOPT_MAX_ROWS={LINEAR_MAX_ROWS}", f"-DLLMOPT_INT8_MIN_ROWS={INT8_MIN_ROWS}",
+    flags=(*AVX512_FLAGS, f"-DLLMOPT_MAX_ROWS={LINEAR_MAX_ROWS}", f"-DLLMOPT_INT8_MIN_ROWS={INT8_MIN_ROWS}",
            f"-DLLMOPT_INT8_MAX_ROWS={INT8_MAX_ROWS}", f"-DLLMOPT_MIN_QUERIES={ATTENTION_MIN_QUERIES}"),
     self_check="""
 import sys, torch, vllm._C
@@ -73,6 +77,21 @@ print(small_batch_linear.compare(sys.argv[1], ops.weight_packed_linear_cpu),
 """,
     fallback="set linear_kernels: packed and attention_kernel: vllm",
     headers=(Path(__file__).with_name("prefill_attention.h"),),
+)
+# With AMX, the bf16 linear kernel alone, up to `AMX_LINEAR_MAX_ROWS`: at 1-4 rows it streamed
+# SmolLM2-135M's cold weights at 13-18 GB/s where vLLM's packed kernel read 9-14 and oneDNN 8-13
+# (2026-12-03, benchmarks/README.md). vLLM's int8 layers and attention run on AMX tiles there.
+AMX = Library(
+    prefix="llmopt-amx-kernels-",
+    sources=(Path(__file__).with_name("small_batch_linear.cpp"),),
+    flags=(*AVX512_FLAGS, f"-DLLMOPT_MAX_ROWS={AMX_LINEAR_MAX_ROWS}"),
+    self_check="""
+import sys, torch, vllm._C
+from vllm import _custom_ops as ops
+from llmopt.engine import small_batch_linear
+print(small_batch_linear.compare(sys.argv[1], ops.weight_packed_linear_cpu))
+""",
+    fallback="set linear_kernels: packed",
 )
 AVX2 = Library(
     prefix="llmopt-avx2-kernels-",
@@ -183,7 +202,7 @@ def _out_shapes() -> dict[str, Callable[..., Any]]:
 
 def library_of(path: str | Path) -> Library:
     """The library a built file is a build of, by its name."""
-    return AVX2 if Path(path).name.startswith(AVX2.prefix) else AVX512
+    return next((library for library in (AVX2, AMX) if Path(path).name.startswith(library.prefix)), AVX512)
 
 
 _loaded: set[str] = set()  # the libraries loaded in this process

@@ -178,9 +178,15 @@ def packed_linear_supported(hw: Hardware) -> bool:
 
 def llmopt_kernels_apply(hw: Hardware) -> bool:
     """llmopt's kernels stand in for vLLM's on AVX-512 BF16 without AMX: its small-batch linear
-    kernel for the packed bf16 one, its prefill attention for the `vec` path's. With AMX, vLLM's
-    multiply on AMX tiles (other bits, not measured slower)."""
+    kernels for the packed bf16 and int8 ones, its prefill attention for the `vec` path's. With AMX,
+    its bf16 linear kernel alone, up to 4 rows (`kernels.AMX`): vLLM's multiply on AMX tiles the rest
+    (other bits)."""
     return packed_linear_supported(hw) and not hw.has_amx
+
+
+def builds_kernels(hw: Hardware) -> bool:
+    """Whether llmopt has a kernel library for this processor (`kernel_library`)."""
+    return packed_linear_supported(hw) or avx2_int8_applies(hw)
 
 
 def avx2_int8_applies(hw: Hardware) -> bool:
@@ -191,7 +197,9 @@ def avx2_int8_applies(hw: Hardware) -> bool:
 
 def kernel_library(hw: Hardware) -> kernels.Library:
     """The build of llmopt's kernels for this processor."""
-    return kernels.AVX2 if avx2_int8_applies(hw) else kernels.AVX512
+    if avx2_int8_applies(hw):
+        return kernels.AVX2
+    return kernels.AMX if hw.has_amx else kernels.AVX512
 
 
 def default_linear_kernels(hw: Hardware) -> str:
@@ -201,7 +209,10 @@ def default_linear_kernels(hw: Hardware) -> str:
     batch-1 decode ran 1.21x faster served with them, 1.48x in vLLM's offline API
     (benchmarks/engine_cpu_settings.py). With them, llmopt's small-batch kernel where it is built
     (`small_batch_linear`): vLLM's packed kernel multiplies 5 rows or more at about the fp32 rate
-    there. With AMX, vLLM's own choice was not measured against them and stays. On x86 without
+    there. With AMX, vLLM gives bf16 layers oneDNN, which streamed SmolLM2-135M's weights at 9.7
+    GB/s at batch 1 (`benchmarks/step_profile.py`; the machine reads 18.8): there llmopt's AMX build
+    of its small-batch kernel up to 4 rows, vLLM's packed kernel on AMX tiles above, where built,
+    and vLLM's choice where not. On x86 without
     AVX-512 nor VNNI, llmopt's AVX2 kernels where they are built: its W8A8 one for int8 layers
     (oneDNN's int8 has no fast path there), and for float32 layers whose weights bf16 holds exactly
     its float32 one streaming them in bf16 (`avx2_bf16_linear`: SmolLM2-135M served 1.86x oneDNN's
@@ -209,8 +220,10 @@ def default_linear_kernels(hw: Hardware) -> str:
     AVX-VNNI processors (AVX2 with VNNI) keep vLLM's choice: not measured there."""
     if avx2_int8_applies(hw):
         return "llmopt" if kernels.built(kernels.AVX2) else "weight_only"
-    if not llmopt_kernels_apply(hw):
+    if not packed_linear_supported(hw):
         return "vllm"
+    if hw.has_amx:
+        return "llmopt" if kernels.built(kernels.AMX) else "vllm"
     return "llmopt" if kernels.built() else "packed"
 
 

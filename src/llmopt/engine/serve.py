@@ -20,7 +20,7 @@ decode faster: oneDNN's matrix-vector products stream cold weights at 10-25 GB/s
 (`platform.default_linear_kernels`). With `LLMOPT_PACKED_LINEAR` set, every bf16 or int8 layer of a
 shape they take gets them; with `LLMOPT_SMALL_BATCH_LINEAR` too, they call llmopt's small-batch
 kernels (`small_batch_linear`, `small_batch_int8_linear`), which run up to 64 rows (bf16) or 5 to
-32 (int8) themselves and hand the rest to vLLM's.
+32 (int8) themselves and hand the rest to vLLM's; with AMX, the bf16 one alone, up to 4 rows.
 
 Both must hold in vLLM's engine-core process, where the model runs. vLLM's CPU platform starts that
 process with `spawn`, so it imports torch and vLLM a second time, after the API server has: 6 of a
@@ -146,7 +146,8 @@ def _packed_linear_kernels() -> None:
         if channels and k % 32 == 0 and n % channels == 0:
             logger.info_once("llmopt: vLLM's packed-weight linear kernels for bf16 and int8 layers")
             if dtype == torch.bfloat16 and os.environ.get(small_batch_linear.ENV) == "1":
-                logger.info_once(f"llmopt: its small-batch bf16 linear kernel for up to {small_batch_linear.MAX_ROWS} rows")
+                rows = small_batch_linear.max_rows(os.environ[kernels.LIBRARY_ENV])
+                logger.info_once(f"llmopt: its small-batch bf16 linear kernel for up to {rows} rows")
             if dtype == torch.int8 and small_batch_int8_linear.used():
                 logger.info_once("llmopt: its small-batch int8 linear kernel for "
                                  f"{small_batch_int8_linear.MIN_ROWS} to {small_batch_int8_linear.MAX_ROWS} rows")
@@ -311,7 +312,8 @@ def kernels_from_environment() -> None:
         _packed_linear_kernels()
         if library and os.environ.get(small_batch_linear.ENV) == "1":
             small_batch_linear.use(library)
-            small_batch_int8_linear.use(library)
+            if kernels.library_of(library) is kernels.AVX512:  # with AMX, vLLM's int8 kernel multiplies on its tiles
+                small_batch_int8_linear.use(library)
     if os.environ.get(weight_only_int8_linear.ENV) == "1":
         weight_only_int8_linear.use()
     if library and os.environ.get(avx2_int8_linear.ENV) == "1":

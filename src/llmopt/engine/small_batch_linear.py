@@ -1,7 +1,8 @@
 """llmopt's small-batch bf16 linear kernel (`small_batch_linear.cpp`): built once per environment
 with the machine's C++ compiler against the installed torch, loaded into the engine core, and
-called where vLLM calls its packed-weight kernel, on AVX-512 BF16 processors without AMX (with AMX,
-vLLM's kernel multiplies 5 rows or more on AMX tiles, and stays).
+called where vLLM calls its packed-weight kernel, on AVX-512 BF16 processors: up to 64 rows
+without AMX; with AMX up to 4 (`kernels.AMX`), since vLLM's kernel multiplies 5 rows or more on
+AMX tiles, and stays for them.
 
 Without AMX, vLLM's packed kernel multiplies 5 rows or more through torch's brgemm at about the
 fp32 rate (125 GFLOP/s on the project's AMD EPYC against 400 for a large bf16 product), so a
@@ -24,6 +25,11 @@ MAX_ROWS = kernels.LINEAR_MAX_ROWS
 # shapes, a vocabulary-sized one, last blocks of 16 channels; every tile height and the hand-over.
 CHECKED_SHAPES = ((576, 576), (960, 576), (576, 1536), (49152, 64), (592, 576), (80, 64))
 CHECKED_ROWS = (1, 2, 4, 5, 8, 9, 16, 17, 40, MAX_ROWS, MAX_ROWS + 1)
+
+
+def max_rows(path: str | Path) -> int:
+    """The most rows the build at `path` multiplies itself."""
+    return kernels.AMX_LINEAR_MAX_ROWS if kernels.library_of(path) is kernels.AMX else MAX_ROWS
 
 
 def use(path: str | Path) -> None:

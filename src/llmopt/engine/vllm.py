@@ -274,9 +274,6 @@ def linear_kernels(config: EngineConfig, hw: platform.Hardware) -> str:
     if chosen in ("packed", "llmopt") and not platform.packed_linear_supported(hw):
         raise LlmoptError(f"linear_kernels '{chosen}' needs AVX-512 BF16 and VNNI, which this {hw.cpu_model} lacks",
                           "leave linear_kernels unset or set it to 'vllm'")
-    if chosen == "llmopt" and not platform.llmopt_kernels_apply(hw):
-        raise LlmoptError(f"linear_kernels 'llmopt' is for processors without AMX, and this {hw.cpu_model} has it",
-                          "leave linear_kernels unset or set it to 'packed'")
     return chosen
 
 
