@@ -79,7 +79,7 @@ print(small_batch_linear.compare(sys.argv[1], ops.weight_packed_linear_cpu),
     headers=(Path(__file__).with_name("prefill_attention.h"),),
 )
 # With AMX, the bf16 linear kernel alone, up to `AMX_LINEAR_MAX_ROWS`: at 1-4 rows it streamed
-# SmolLM2-135M's cold weights at 13-18 GB/s where vLLM's packed kernel read 9-14 and oneDNN 8-13
+# SmolLM2-135M's cold weights at 12-18 GB/s where vLLM's packed kernel read 9-14 and oneDNN 8-13
 # (2026-12-03, benchmarks/README.md). vLLM's int8 layers and attention run on AMX tiles there.
 AMX = Library(
     prefix="llmopt-amx-kernels-",

@@ -138,6 +138,11 @@ def _packed_linear_kernels() -> None:
 
     logger = init_logger("vllm.llmopt")
     chosen = utils.check_cpu_sgl_kernel
+    if torch.cpu._is_amx_tile_supported():
+        # Linux gives a process AMX tiles only once it asks (arch_prctl): oneDNN's first matmul asks,
+        # vLLM's packed kernels and its AMX attention do not, so with no oneDNN layer left an eager
+        # engine died of SIGILL on its first step
+        torch.cpu._init_amx()
 
     def packed(n: int, k: int, dtype: torch.dtype) -> bool:
         # the kernels' tiles: 16 channels for bf16; vLLM's int8 kernel has no 16-channel tile and
@@ -146,7 +151,7 @@ def _packed_linear_kernels() -> None:
         if channels and k % 32 == 0 and n % channels == 0:
             logger.info_once("llmopt: vLLM's packed-weight linear kernels for bf16 and int8 layers")
             if dtype == torch.bfloat16 and os.environ.get(small_batch_linear.ENV) == "1":
-                rows = small_batch_linear.max_rows(os.environ[kernels.LIBRARY_ENV])
+                rows = small_batch_linear.max_rows(os.environ.get(kernels.LIBRARY_ENV, ""))
                 logger.info_once(f"llmopt: its small-batch bf16 linear kernel for up to {rows} rows")
             if dtype == torch.int8 and small_batch_int8_linear.used():
                 logger.info_once("llmopt: its small-batch int8 linear kernel for "
