@@ -63,8 +63,8 @@ FACTS = {
 @pytest.fixture(scope="module")
 def started(baseline: llmopt.Job, smoothquant: llmopt.Job, smol: sources.Model) -> dict[str, llmopt.Job]:
     """The job of every scheme this processor runs, started together (the baseline job ran first, so
-    the source's perplexity is reused): a cold compile is mostly one busy core, so three side by side
-    on two cores took less time than one after the other (AWQ, block FP8 and the FP8 cache on AMX)."""
+    the source's perplexity is reused): a cold compile is mostly one busy core, so side by side on
+    two cores they took less time than one after the other (AWQ, and block FP8 with the FP8 cache, on AMX)."""
     return {name: llmopt.optimize(smol.id, recipe, name=f"q-{name}", wait=False)
             for name, (recipe, _, _) in SCHEMES.items() if not techniques.check(recipe, smol, platform.detect()).refusals}
 

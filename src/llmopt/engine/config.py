@@ -112,13 +112,14 @@ class EngineConfig(_Settings):
         description="On CPU, the kernels of the bf16 and int8 linear layers: 'vllm' as vLLM chooses (oneDNN, or its "
         "packed-weight kernels for small layers on AMX), 'packed' vLLM's packed-weight kernels for every layer whose "
         "shape they take (needs AVX-512 BF16 and VNNI), 'llmopt' the same with llmopt's small-batch kernels for bf16 "
-        "layers at up to 64 rows and int8 ones at 5 to 32 (built with the machine's C++ compiler; on x86 without "
+        "layers at up to 64 rows and int8 ones at 5 to 32 (with AMX, for bf16 layers at up to 4 rows alone; "
+        "built with the machine's C++ compiler; on x86 without "
         "AVX-512 nor VNNI: llmopt's AVX2 kernels at every row count, for float32 layers with their weights held in bf16 "
         "where bf16 holds them exactly, and W8A8 for int8 ones), "
         "'weight_only' vLLM's for float layers and "
         "torch's weight-only int8 kernel for int8 ones, their activations in bf16 rather than quantized; unset: chosen "
-        "from the machine (without AMX, llmopt where its kernel is built, else packed; on x86 without AVX-512 nor "
-        "VNNI, llmopt where its kernel is built, else weight_only).",
+        "from the machine (on AVX-512 BF16 and VNNI, llmopt where its kernel is built, else packed, or with AMX vllm; "
+        "on x86 without AVX-512 nor VNNI, llmopt where its kernel is built, else weight_only).",
     )
     attention_kernel: Literal["vllm", "llmopt"] | None = Field(
         None,

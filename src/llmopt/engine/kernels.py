@@ -1,4 +1,4 @@
-"""llmopt's CPU kernels, one library built from their C++ sources: the small-batch linear kernels,
+"""llmopt's CPU kernels, a library built from their C++ sources per processor kind: the small-batch linear kernels,
 bf16 (`small_batch_linear.cpp`) and W8A8 (`small_batch_int8_linear.cpp`), and the prefill attention
 kernel (`prefill_attention.cpp`). Each stands in for a vLLM kernel on AVX-512 BF16 processors
 without AMX and hands what it does not do to it. With AMX a build of the bf16 linear kernel alone
@@ -91,7 +91,7 @@ from vllm import _custom_ops as ops
 from llmopt.engine import small_batch_linear
 print(small_batch_linear.compare(sys.argv[1], ops.weight_packed_linear_cpu))
 """,
-    fallback="set linear_kernels: packed",
+    fallback="set linear_kernels: vllm",
 )
 AVX2 = Library(
     prefix="llmopt-avx2-kernels-",

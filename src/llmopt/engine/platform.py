@@ -177,10 +177,10 @@ def packed_linear_supported(hw: Hardware) -> bool:
 
 
 def llmopt_kernels_apply(hw: Hardware) -> bool:
-    """llmopt's kernels stand in for vLLM's on AVX-512 BF16 without AMX: its small-batch linear
-    kernels for the packed bf16 and int8 ones, its prefill attention for the `vec` path's. With AMX,
-    its bf16 linear kernel alone, up to 4 rows (`kernels.AMX`): vLLM's multiply on AMX tiles the rest
-    (other bits)."""
+    """Whether llmopt's AVX-512 library (`kernels.AVX512`) stands in for vLLM's kernels: on AVX-512
+    BF16 without AMX, its small-batch linear kernels for the packed bf16 and int8 ones, its prefill
+    attention for the `vec` path's. With AMX only its bf16 linear kernel runs, up to 4 rows, in a
+    build of its own (`kernels.AMX`); vLLM's multiply on AMX tiles the rest (other bits)."""
     return packed_linear_supported(hw) and not hw.has_amx
 
 
@@ -203,7 +203,7 @@ def kernel_library(hw: Hardware) -> kernels.Library:
 
 
 def default_linear_kernels(hw: Hardware) -> str:
-    """Packed-weight kernels on AVX-512 processors without AMX. vLLM takes them only where AMX is,
+    """Packed-weight kernels on AVX-512 BF16 and VNNI processors. vLLM takes them only where AMX is,
     and otherwise oneDNN, whose matrix-vector products stream cold weights at 10-25 GB/s on an AMD
     EPYC against the packed kernels' 21-33 (benchmarks/linear_kernels.py): SmolLM2-135M's bf16
     batch-1 decode ran 1.21x faster served with them, 1.48x in vLLM's offline API

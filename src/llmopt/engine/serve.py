@@ -138,11 +138,6 @@ def _packed_linear_kernels() -> None:
 
     logger = init_logger("vllm.llmopt")
     chosen = utils.check_cpu_sgl_kernel
-    if torch.cpu._is_amx_tile_supported():
-        # Linux gives a process AMX tiles only once it asks (arch_prctl): oneDNN's first matmul asks,
-        # vLLM's packed kernels and its AMX attention do not, so with no oneDNN layer left an eager
-        # engine died of SIGILL on its first step
-        torch.cpu._init_amx()
 
     def packed(n: int, k: int, dtype: torch.dtype) -> bool:
         # the kernels' tiles: 16 channels for bf16; vLLM's int8 kernel has no 16-channel tile and
@@ -312,6 +307,13 @@ def kernels_from_environment() -> None:
     """The kernels llmopt's environment asks for, and the lean attention calls (`attention_calls`),
     in this process: the engine core's (a forked core inherits them) or a benchmark's that runs
     vLLM's offline API."""
+    import torch
+
+    if torch.cpu._is_amx_tile_supported():
+        # Linux gives a process AMX tiles only once it asks (arch_prctl): oneDNN asks as it makes a
+        # primitive, vLLM's AMX attention does not, so an eager engine with every layer on the packed
+        # kernels (no oneDNN primitive made) died of SIGILL in its first attention
+        torch.cpu._init_amx()
     library = os.environ.get(kernels.LIBRARY_ENV)
     if os.environ.get(PACKED_LINEAR_ENV) == "1":
         _packed_linear_kernels()

@@ -10,7 +10,8 @@ batch-8 decode step spent 17 of its 27 ms in its linear layers (`benchmarks/step
 This kernel shares each weight load among up to 8 rows, with AVX-512 BF16 dot products, and
 gives the same bits as vLLM's (`compare`; speed: `benchmarks/linear_kernels.py`). It is
 `EngineConfig.linear_kernels` 'llmopt': the default where it applies and llmopt's kernel library
-is built (`kernels`); elsewhere, or without a compiler, vLLM's packed kernel alone.
+is built (`kernels`); elsewhere, or without a compiler, vLLM's packed kernel alone (with AMX, vLLM's
+own choice).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ MAX_ROWS = kernels.LINEAR_MAX_ROWS
 # Products a new build must give vLLM's bits for before it is kept: SmolLM2's and Qwen's layer
 # shapes, a vocabulary-sized one, last blocks of 16 channels; every tile height and the hand-over.
 CHECKED_SHAPES = ((576, 576), (960, 576), (576, 1536), (49152, 64), (592, 576), (80, 64))
-CHECKED_ROWS = (1, 2, 4, 5, 8, 9, 16, 17, 40, MAX_ROWS, MAX_ROWS + 1)
+CHECKED_ROWS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 40, MAX_ROWS, MAX_ROWS + 1)
 
 
 def max_rows(path: str | Path) -> int:
