@@ -43,7 +43,7 @@ from llmopt.engine.config import EngineConfig
 SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576), "down_proj": (576, 1536),
           "lm_head": (49152, 576)}  # (N, K) of SmolLM2-135M
 ROWS = (1, 4, 8, 16, 40, 256)
-LIBRARY: dict[str, Path] = {}  # the build of llmopt's kernels for this processor, once main has built it
+HW = platform.detect()
 COLD_BYTES = 300e6
 ROUNDS = 5
 
@@ -93,7 +93,7 @@ def bf16(m: int, n: int, k: int, zentorch: bool = False) -> dict[str, float]:
              "packed_s": _time(lambda i: vllm_packed(x, packed[i], n), copies),
              "onednn_error": _error(ops.onednn_mm(handlers[0], x, None), ref),
              "packed_error": _error(vllm_packed(x, packed[0], n), ref), "weight_bytes": n * k * 2}
-    if m <= small_batch_linear.max_rows(LIBRARY["path"]):
+    if m <= small_batch_linear.max_rows(kernels.library_path(platform.kernel_library(HW))):
         found |= {"llmopt_s": _time(lambda i: small_batch(x, packed[i], n), copies),
                   "llmopt_error": _error(small_batch(x, packed[0], n), ref)}
     if zentorch:
@@ -250,7 +250,7 @@ def avx2_rows() -> list[dict]:
 
 
 def main() -> None:
-    hw = platform.detect()
+    hw = HW
     engine_env = vllm.environment(EngineConfig(), hw)
     if any(os.environ.get(name) != value for name, value in engine_env.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], os.environ | engine_env)
@@ -262,8 +262,7 @@ def main() -> None:
         return
     if not platform.packed_linear_supported(hw):
         raise SystemExit(f"{hw.cpu_model} lacks AVX-512 BF16 or VNNI: vLLM's packed kernels do not run here")
-    LIBRARY["path"] = kernels.build(platform.kernel_library(hw))
-    small_batch_linear.use(LIBRARY["path"])  # loads the library: both small-batch ops (with AMX, its build of the bf16 one)
+    small_batch_linear.use(kernels.build(platform.kernel_library(hw)))  # loads the library: both small-batch ops (with AMX, its build of the bf16 one)
     if "--zentorch" in sys.argv[1:]:
         (Path(__file__).parent / "results" / "linear_kernels_zentorch.json").write_text(json.dumps(
             {"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,

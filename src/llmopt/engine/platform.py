@@ -222,9 +222,9 @@ def default_linear_kernels(hw: Hardware) -> str:
         return "llmopt" if kernels.built(kernels.AVX2) else "weight_only"
     if not packed_linear_supported(hw):
         return "vllm"
-    if hw.has_amx:
-        return "llmopt" if kernels.built(kernels.AMX) else "vllm"
-    return "llmopt" if kernels.built() else "packed"
+    if kernels.built(kernel_library(hw)):
+        return "llmopt"
+    return "vllm" if hw.has_amx else "packed"
 
 
 def prefill_attention_applies(hw: Hardware) -> bool:
