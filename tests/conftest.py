@@ -1,12 +1,14 @@
 """Shared fixtures: one llmopt home, one imported default model and one vLLM engine per session,
 and the artifacts several test modules use, each built once per session.
 
-Tests that start an engine or a job are marked `engine`; `pytest -m "not engine"` is the fast
-tier. An unmarked test that tries to start one fails at once, so the tiers stay honest.
+Tests that start an engine or a job are marked `engine`; those that import vLLM or build llmopt's
+kernels in a process of their own, `vllm`. `pytest -m "not engine"` is the fast tier, without
+either. A test not marked `engine` that tries to start one fails at once, so the tiers stay honest.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -79,12 +81,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         Path(ENGINE_TESTS).unlink(missing_ok=True)
 
 
+def _starts_engines(item: pytest.Item) -> bool:
+    return item.get_closest_marker("engine") is not None and item.get_closest_marker("vllm") is None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under xdist each worker collects; it writes down which tests are engine tests for the
-    schedule below, which sees node ids only (xdist's own groups rename node ids, which pytest 9.2
-    no longer lets a plugin do)."""
+    """A test marked `vllm` (it imports vLLM, or builds llmopt's kernels, in a process of its own:
+    10-50 s each here) leaves the fast tier with the engine tests: it is marked `engine` too. It
+    starts no engine, so the schedule below deals it out with the other tests. Under xdist each
+    worker collects; it writes down which tests start engines for that schedule, which sees node
+    ids only (xdist's own groups rename node ids, which pytest 9.2 no longer lets a plugin do)."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.engine)
     if "PYTEST_XDIST_WORKER" in os.environ:
-        engine = [item.nodeid for item in items if item.get_closest_marker("engine") is not None]
+        engine = [item.nodeid for item in items if _starts_engines(item)]
         mine = Path(f"{ENGINE_TESTS}.{os.getpid()}")
         mine.write_text("\n".join(engine))
         mine.replace(ENGINE_TESTS)
@@ -144,8 +156,8 @@ def _engine_tier_only(start):
     """Outside the engine tier, starting an engine or a job worker (in a test or a fixture it uses) is a test bug."""
     def guarded(*args: object, **kwargs: object):
         item = _RUNNING["item"]
-        if item is not None and item.get_closest_marker("engine") is None:
-            raise AssertionError(f"{item.nodeid} starts an engine or a job: mark it @pytest.mark.engine")
+        if item is not None and not _starts_engines(item):
+            raise AssertionError(f"{item.nodeid} starts an engine or a job: mark it @pytest.mark.engine (not vllm)")
         return start(*args, **kwargs)
 
     return guarded
@@ -239,6 +251,45 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
         timeout=timeout,
         env={**os.environ, "COLUMNS": "250"},
     )
+
+
+FORKED_CLI = """
+import json, os, signal, sys, tempfile
+from llmopt.cli import main
+done = []
+for args in json.loads(sys.argv[1]):
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(int(sys.argv[2]))
+            os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
+            sys.argv, code = ["llmopt", *args], 0
+            try:
+                main()
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(code)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        out.seek(0), err.seek(0)
+        done.append([status, out.read().decode(), err.read().decode()])
+print(json.dumps(done))
+"""
+
+
+def run_cli_forked(rows: list[list[str]], timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Many `llmopt` commands, each in a process of its own forked from one that imported the CLI
+    once (as `llmopt` runs them, from `main`), in this session's home: a table of refusals pays one
+    import instead of 1.3-1.7 s for each of its rows."""
+    done = subprocess.run([sys.executable, "-c", FORKED_CLI, json.dumps(rows), str(int(timeout))], capture_output=True,
+                          text=True, timeout=timeout * len(rows), env={**os.environ, "COLUMNS": "250"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [subprocess.CompletedProcess(["llmopt", *args], code, out, err)
+            for args, (code, out, err) in zip(rows, json.loads(done.stdout.splitlines()[-1]))]
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> str:

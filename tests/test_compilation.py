@@ -530,6 +530,7 @@ print(built, sorted(p.name for p in (root / "kept").iterdir()), (root / "b" / "k
 '''
 
 
+@pytest.mark.vllm
 def test_inductor_kernels_are_kept_whole_and_copied_in_by_name(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", KEEPING, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -208,6 +208,7 @@ def test_a_later_deploy_by_another_command_is_forked_from_the_homes_zygote_and_a
         assert client.chat(spawned.url, spawned.served_name, question, max_tokens=32).text == said
 
 
+@pytest.mark.vllm
 def test_a_forked_engine_core_gets_the_inductor_options_a_spawned_one_reads_at_import() -> None:
     """vLLM's CPU platform sets them in the environment after torch is imported; they change
     Inductor's code and vLLM's key for its saved model."""

@@ -30,7 +30,7 @@ from llmopt.jobs import store
 from llmopt.techniques import quantization
 from llmopt.techniques.quantization import schemes
 
-from conftest import QUICK_SMOOTHQUANT, SMALL_ENGINE, assert_one_line_error, run_cli
+from conftest import QUICK_SMOOTHQUANT, SMALL_ENGINE, assert_one_line_error, run_cli, run_cli_forked
 
 DEFAULT = "smollm2-135m-instruct"
 
@@ -105,8 +105,7 @@ def _bad_inputs(tmp: Path, smol: sources.Model) -> list[tuple[list[str], str]]:
 def test_every_bad_input_is_one_line_and_leaves_nothing(smol: sources.Model, home: Path, tmp_path: Path) -> None:
     rows = _bad_inputs(tmp_path, smol)
     before = _snapshot(home)
-    with ThreadPoolExecutor(max_workers=4) as pool:  # each is a process of its own: nothing shared but the home
-        results = list(pool.map(lambda row: run_cli(*row[0], timeout=300), rows))
+    results = run_cli_forked([args for args, _ in rows])  # each a process of its own: nothing shared but the home
     for (args, needle), result in zip(rows, results):
         assert_one_line_error(result, needle)
     assert _snapshot(home) == before

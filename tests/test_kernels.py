@@ -42,6 +42,7 @@ print(checked)
 """
 
 
+@pytest.mark.vllm
 @bf16_linear_runs_here
 def test_the_kernel_gives_vllms_bits_at_every_batch() -> None:
     """The build for this processor: up to 64 rows without AMX; with AMX up to 4, where vLLM's kernel
@@ -72,6 +73,7 @@ print(checked)
 """
 
 
+@pytest.mark.vllm
 @runs_here
 def test_the_int8_kernel_gives_vllms_bits_at_every_batch() -> None:
     """What a SmoothQuant layer computes is unchanged: vLLM's bits up to 32 rows and past them (where
@@ -90,6 +92,7 @@ print(prefill_attention.compare(kernels.build(platform.kernel_library(platform.d
 """
 
 
+@pytest.mark.vllm
 @attention_runs_here
 def test_the_prefill_attention_agrees_with_vllms_and_with_exact_attention() -> None:
     """On every checked shape and mix of requests, in the dtype it is for (bf16; float32 on AVX2), no
@@ -186,6 +189,7 @@ print(len(variants), checked)
 """
 
 
+@pytest.mark.vllm
 def test_the_lean_attention_calls_give_vllms_bits() -> None:
     """Decode steps, a prompt, mixed steps, with rows past the step's tokens, for a plain layer and
     for each setting the kernels take from a layer (a sliding window, a soft cap, ALiBi, sinks, an
@@ -246,6 +250,7 @@ print(checked)
 """
 
 
+@pytest.mark.vllm
 @avx2_here
 def test_the_avx2_int8_kernel_computes_the_reference_at_every_batch() -> None:
     """SmoothQuant's layers without VNNI: the rows quantized as vLLM's dynamic scheme does, exact
@@ -320,6 +325,7 @@ print(checked)
 """
 
 
+@pytest.mark.vllm
 @avx2_here
 def test_the_avx2_bf16_kernel_is_as_exact_as_onednn_and_takes_only_bf16_weights() -> None:
     """Float32 layers of a bf16 checkpoint without AVX-512: their weights held in bf16 (half the bytes
@@ -361,6 +367,7 @@ print("ok")
 """
 
 
+@pytest.mark.vllm
 def test_int8_layers_run_torchs_weight_only_kernel_where_chosen() -> None:
     """`linear_kernels: weight_only`: vLLM's int8 layers (fused parts with a scale each, a bias) give
     torch's weight-only int8 product of their bf16 rows, where vLLM would call oneDNN."""
