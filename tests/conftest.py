@@ -2,8 +2,9 @@
 and the artifacts several test modules use, each built once per session.
 
 Tests that start an engine or a job are marked `engine`; those that import vLLM or build llmopt's
-kernels in a process of their own, `vllm`. `pytest -m "not engine"` is the fast tier, without
-either. A test not marked `engine` that tries to start one fails at once, so the tiers stay honest.
+kernels in a process of their own, `vllm` (which counts as `engine` for `-m`). `pytest -m "not
+engine"` is the fast tier, without either. A test not marked `engine`, or marked `vllm`, that
+tries to start one fails at once, so the tiers stay honest.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _starts_engines(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test marked `vllm` (it imports vLLM, or builds llmopt's kernels, in a process of its own:
-    10-50 s each here) leaves the fast tier with the engine tests: it is marked `engine` too. It
+    11-50 s each on two cores) leaves the fast tier with the engine tests: it is marked `engine` too. It
     starts no engine, so the schedule below deals it out with the other tests. Under xdist each
     worker collects; it writes down which tests start engines for that schedule, which sees node
     ids only (xdist's own groups rename node ids, which pytest 9.2 no longer lets a plugin do)."""
@@ -254,26 +255,34 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 
 FORKED_CLI = """
-import json, os, signal, sys, tempfile
+import atexit, json, os, signal, sys, tempfile, threading, traceback
 from llmopt.cli import main
 done = []
 for args in json.loads(sys.argv[1]):
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
         if pid == 0:
-            signal.alarm(int(sys.argv[2]))
-            os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
-            sys.argv, code = ["llmopt", *args], 0
+            code = 1
             try:
-                main()
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-            except BaseException:
-                import traceback
-                traceback.print_exc()
-                code = 1
-            sys.stdout.flush(), sys.stderr.flush()
-            os._exit(code)
+                signal.alarm(int(sys.argv[2]))  # the child's whole life, its exit too
+                os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
+                sys.argv = ["llmopt", *args]
+                try:
+                    main()
+                    code = 0
+                except SystemExit as exc:
+                    if isinstance(exc.code, int) or exc.code is None:
+                        code = exc.code or 0
+                    else:
+                        print(exc.code, file=sys.stderr)
+                except BaseException:
+                    traceback.print_exc()
+                # what a process does as it exits: its threads joined, its atexit handlers run
+                threading._shutdown()
+                atexit._run_exitfuncs()
+            finally:
+                sys.stdout.flush(), sys.stderr.flush()
+                os._exit(code)
         status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         out.seek(0), err.seek(0)
         done.append([status, out.read().decode(), err.read().decode()])
@@ -288,8 +297,11 @@ def run_cli_forked(rows: list[list[str]], timeout: float = 300) -> list[subproce
     done = subprocess.run([sys.executable, "-c", FORKED_CLI, json.dumps(rows), str(int(timeout))], capture_output=True,
                           text=True, timeout=timeout * len(rows), env={**os.environ, "COLUMNS": "250"})
     assert done.returncode == 0, done.stderr[-3000:]
-    return [subprocess.CompletedProcess(["llmopt", *args], code, out, err)
-            for args, (code, out, err) in zip(rows, json.loads(done.stdout.splitlines()[-1]))]
+    found = [subprocess.CompletedProcess(["llmopt", *args], code, out, err)
+             for args, (code, out, err) in zip(rows, json.loads(done.stdout.splitlines()[-1]))]
+    for result in found:  # killed by its alarm, or by anything else: `run_cli` would have raised too
+        assert result.returncode >= 0, f"{result.args} ended by signal {-result.returncode}: {result.stderr[-2000:]}"
+    return found
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> str:
