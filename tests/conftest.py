@@ -255,34 +255,30 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 
 FORKED_CLI = """
-import atexit, json, os, signal, sys, tempfile, threading, traceback
+import json, os, signal, sys, tempfile, threading
 from llmopt.cli import main
+from llmopt.engine.zygote import exit_as_a_process
+
+
+def joined():
+    try:
+        main()
+    finally:  # as a process's exit joins its threads
+        threading._shutdown()
+
+
 done = []
 for args in json.loads(sys.argv[1]):
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
         if pid == 0:
-            code = 1
             try:
                 signal.alarm(int(sys.argv[2]))  # the child's whole life, its exit too
                 os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
                 sys.argv = ["llmopt", *args]
-                try:
-                    main()
-                    code = 0
-                except SystemExit as exc:
-                    if isinstance(exc.code, int) or exc.code is None:
-                        code = exc.code or 0
-                    else:
-                        print(exc.code, file=sys.stderr)
-                except BaseException:
-                    traceback.print_exc()
-                # what a process does as it exits: its threads joined, its atexit handlers run
-                threading._shutdown()
-                atexit._run_exitfuncs()
-            finally:
-                sys.stdout.flush(), sys.stderr.flush()
-                os._exit(code)
+                exit_as_a_process(joined)
+            finally:  # never back into this loop, whatever failed
+                os._exit(1)
         status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         out.seek(0), err.seek(0)
         done.append([status, out.read().decode(), err.read().decode()])

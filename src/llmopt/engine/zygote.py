@@ -59,7 +59,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator, NoReturn
 
 from llmopt import paths, procs
 from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, guard, kernels, platform, prefill_attention,
@@ -91,6 +91,26 @@ IDLE_S = 600.0  # a home's zygote without a start for this long ends (it holds ~
 _TICK_S = 1.0  # how often an idle home's zygote looks whether its socket is still there
 _SOCKET_PATH_MAX = 107  # a Unix socket's path holds 108 bytes, the last a NUL
 LOCK_WAIT_S = 300.0  # a start waits this long for another's start of the home's zygote, then spawns
+
+
+def exit_as_a_process(run: Callable[[], object]) -> NoReturn:
+    """In a forked child: `run`, then exit with the status and last words a process running it would
+    have (a `SystemExit`'s code, its message; a traceback and 1), without the interpreter's teardown,
+    where modules a spawned run never imports report their leaks and bury its last words."""
+    code = 0
+    try:
+        run()
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def import_key(module: str, env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -357,22 +377,7 @@ class _Forker:
         os.environ.update(request["env"])
         sys.argv = [sys.modules[self.module].__file__ or self.module, *request["args"]]
         _titled(" ".join([sys.executable, "-m", self.module, *request["args"]]))
-        code = 0
-        try:
-            runpy.run_module(self.module, run_name="__main__", alter_sys=True)
-        except SystemExit as exc:
-            if isinstance(exc.code, str):
-                print(exc.code, file=sys.stderr)
-            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        # the exit a spawned run makes, less the interpreter's teardown, where modules a spawned server
-        # never imports report their leaks and bury the server's last words
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(code)
+        exit_as_a_process(lambda: runpy.run_module(self.module, run_name="__main__", alter_sys=True))
 
     def _set_up(self, request: dict) -> None:
         """What a spawned run would have had from its caller and its start, which the zygote had
