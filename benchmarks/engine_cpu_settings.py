@@ -37,7 +37,7 @@ import psutil
 import llmopt
 from decode_profile import server_pids
 from llmopt import EngineConfig
-from llmopt.engine import kernels, vllm
+from llmopt.engine import kernels, platform, vllm
 from llmopt.engine.config import CompilationConfig
 from llmopt.engine.platform import SPAWNED_CORE_ENV, VLLM_ATTENTION_CALLS_ENV
 
@@ -87,7 +87,7 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     "llmopt, gloo's polling threads idle-class": (LLMOPT, {}, lambda pid: idle_threads(pid, "gloo_tcp_loop")),
 }
 LEVELS = {1: 6, 8: 24}  # concurrency -> requests
-WORKLOAD = "synthetic:64,128"
+WORKLOAD = "synthetic:64,128"  # decode alone; `--workload builtin-qa` mixes prompts of 60-250 tokens into decode steps
 OTHER_KERNEL = "llmopt, another small-batch kernel build (--kernel)"
 
 
@@ -104,6 +104,12 @@ def placement(pid: int) -> dict[str, dict[str, int]]:
     """Each server process's threads, counted by the cores they may run on."""
     return {"api server" if p.pid == pid else " ".join(p.cmdline())[:40]:
             dict(collections.Counter(_cores(t.id) for t in p.threads())) for p in _server(pid)}
+
+
+def memory(pid: int) -> dict[str, float]:
+    """Each server process's resident memory once ready, in MiB: where a setting keeps weights twice, it shows."""
+    return {"api server" if p.pid == pid else " ".join(p.cmdline())[:40]: round(p.memory_info().rss / 2**20, 1)
+            for p in _server(pid)}
 
 
 def free_threads(pid: int, pin_model_main: bool) -> None:
@@ -141,7 +147,8 @@ def renice_api_server(pid: int, niceness: int) -> None:
 
 
 def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], once_ready: Callable[[int], None] | None,
-                       model: str = "smollm2-135m-instruct", after_level: Callable[[int], dict] | None = None) -> dict:
+                       model: str = "smollm2-135m-instruct", after_level: Callable[[int], dict] | None = None,
+                       workload: str = WORKLOAD) -> dict:
     """One deployment's row: each of `LEVELS` in turn, and what `after_level` adds after each."""
     chosen = vllm.environment
     with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):  # over what llmopt sets
@@ -149,9 +156,9 @@ def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], on
             if once_ready:
                 once_ready(endpoint.pid)
             row = {"config": label, "env": endpoint.environment, "ready_s": round(endpoint.seconds_to_ready, 1),
-                   "threads_by_cores": placement(endpoint.pid)}
+                   "threads_by_cores": placement(endpoint.pid), "memory_mib": memory(endpoint.pid)}
             for level, count in LEVELS.items():
-                result = llmopt.evaluate(endpoint=endpoint.name, dataset=WORKLOAD, concurrency=[level],
+                result = llmopt.evaluate(endpoint=endpoint.name, dataset=workload, concurrency=[level],
                                          requests=count, quality=False)
                 lvl = result.targets[0].levels[0]
                 row[f"out_tok_s_c{level}"] = round(lvl.output_tokens_per_s, 1)
@@ -170,11 +177,13 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="an imported model or catalogue id")
     parser.add_argument("--kernel", metavar="PATH", help=f"adds the row '{OTHER_KERNEL}': llmopt's choice with the kernel "
                                                          "library at PATH (another build of `engine.kernels`, both kernels in it, kept before a change)")
+    parser.add_argument("--workload", default=WORKLOAD, help="the requests, as `evaluate --dataset` takes them")
     args = parser.parse_args()
     if args.kernel:
         ROWS[OTHER_KERNEL] = (LLMOPT, {kernels.LIBRARY_ENV: str(Path(args.kernel).resolve())}, None)
     labels = args.rows or list(ROWS)
-    rows = [deploy_and_measure(label, *ROWS[label], model=args.model) for _ in range(args.repeat) for label in labels]
+    rows = [deploy_and_measure(label, *ROWS[label], model=args.model, workload=args.workload)
+            for _ in range(args.repeat) for label in labels]
     base = rows[0]
     print(f"{'config':<50} {'ready s':>8} {'tok/s b1':>9} {'x':>6} {'tok/s b8':>9} {'x':>6}")
     for row in rows:
@@ -183,7 +192,7 @@ def main() -> None:
         print(f"{row['config']:<50} {row['ready_s']:>8} {row['out_tok_s_c1']:>9} {row['speedup_c1']:>6} "
               f"{row['out_tok_s_c8']:>9} {row['speedup_c8']:>6}")
         for process, counts in row["threads_by_cores"].items():
-            print(f"    {process[-40:]:<40} threads by allowed cores: {counts}")
+            print(f"    {process[-40:]:<40} threads by allowed cores: {counts}, {row['memory_mib'][process]} MiB resident")
     medians = {label: {f"out_tok_s_c{level}": statistics.median(r[f"out_tok_s_c{level}"] for r in rows if r["config"] == label)
                        for level in LEVELS} for label in labels}
     if args.repeat > 1:
@@ -192,7 +201,8 @@ def main() -> None:
     out = Path(__file__).parent / "results" / (args.out or ("engine_cpu_settings.json" if not args.rows and args.repeat == 1
                                                             else "engine_cpu_settings_repeat.json"))
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "workload": WORKLOAD, "cores": CORES, "rows": rows,
+    out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": args.model, "workload": args.workload,
+                               "cores": CORES, "rows": rows,
                                "medians": medians}, indent=2))
 
 

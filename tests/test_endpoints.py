@@ -129,7 +129,7 @@ def test_executor_is_chosen_from_the_machine(cores: int, engine: EngineConfig, e
 def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> None:
     """On AVX-512 BF16, vLLM's packed-weight kernels (the engine's log says so), with llmopt's small-batch
     kernel where it is built (loaded in the engine core, where the model runs: up to 64 rows, and its
-    prefill attention; with AMX, its AMX build, up to 4 rows); on x86 without AVX-512 nor VNNI, llmopt's AVX2 library: its int8
+    prefill attention; with AMX, its AMX build, up to 4 rows, and oneDNN above for the layers vLLM gives oneDNN); on x86 without AVX-512 nor VNNI, llmopt's AVX2 library: its int8
     kernel, and its float32 one with bf16-held weights for the model's layers and tied lm_head. Its attention layers, on CPU, through llmopt's lean calls."""
     hw = platform.detect()
     chosen = vllm.linear_kernels(EngineConfig(), hw)
@@ -150,7 +150,8 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     assert (kernels.library_path(platform.kernel_library(hw)).name in mapped) == ("llmopt" in (chosen, attention)), (chosen, attention)
     avx2 = chosen == "llmopt" and platform.avx2_int8_applies(hw)
     rows = small_batch_linear.max_rows(kernels.library_path(platform.kernel_library(hw)))
-    for line, used in ((f"small-batch bf16 linear kernel for up to {rows} rows", chosen == "llmopt" and packed), ("its prefill attention kernel for steps that carry a prompt", attention == "llmopt"),
+    for line, used in ((f"small-batch bf16 linear kernel for up to {rows} rows", chosen == "llmopt" and packed),
+                       (small_batch_linear.ONEDNN_ABOVE_LINE, chosen == "llmopt" and packed and hw.has_amx), ("its prefill attention kernel for steps that carry a prompt", attention == "llmopt"),
                        (attention_calls.LINE, hw.device == "cpu"),
                        (f"Using {avx2_bf16_linear.KERNEL} for UnquantizedLinearMethod", avx2),
                        (f"Using {avx2_bf16_linear.KERNEL} for UnquantizedEmbeddingMethod", avx2)):

@@ -46,11 +46,54 @@ print(checked)
 @bf16_linear_runs_here
 def test_the_kernel_gives_vllms_bits_at_every_batch() -> None:
     """The build for this processor: up to 64 rows without AMX; with AMX up to 4, where vLLM's kernel
-    does not use the tiles (past them, its tiles' bits)."""
+    does not use the tiles (past them, its tiles' bits). Its op for layers kept in oneDNN's layout as
+    well gives oneDNN's bits above those rows."""
     done = subprocess.run([sys.executable, "-c", SAME_BITS], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    checked = len(small_batch_linear.CHECKED_SHAPES) * 2 * len(small_batch_linear.CHECKED_ROWS)
+    checked = len(small_batch_linear.CHECKED_SHAPES) * 2 * len(small_batch_linear.CHECKED_ROWS) * 2
     assert done.stdout.split()[-1] == str(checked)
+
+
+AMX_LAYERS = """
+import torch, vllm._C
+from vllm import _custom_ops as ops
+from vllm.model_executor.layers import utils
+from llmopt.engine import kernels, serve, small_batch_linear
+vllms = ops.weight_packed_linear_cpu
+library = kernels.build(kernels.AMX)
+vllms_choice = serve._packed_linear_kernels()
+small_batch_linear.use(library)
+small_batch_linear.use_onednn_above(vllms_choice)
+torch.cpu._init_amx()
+checked = 0
+for n, k, bias in ((3072, 576, False), (960, 576, True), (576, 576, True)):
+    layer = torch.nn.Linear(k, n, bias=bias, dtype=torch.bfloat16)
+    weight, onednn_bias = layer.weight.detach().clone(), layer.bias.detach().clone() if bias else None
+    utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+    assert layer.weight.numel() == 0
+    packed, onednn = torch.ops._C.convert_weight_packed(weight), ops.create_onednn_mm(weight.t(), 32)
+    fp32_bias = None if onednn_bias is None else onednn_bias.float()
+    traced = torch.compile(lambda x: layer.cpu_linear(x, layer.weight, layer.bias), dynamic=True)
+    for m in (1, 3, 4, 5, 8, 40, 300):
+        x = torch.randn(m, k, dtype=torch.bfloat16)
+        in_onednn = m > 4 and not vllms_choice(n, k, torch.bfloat16)
+        expected = ops.onednn_mm(onednn, x, onednn_bias) if in_onednn else vllms(x, packed, n, fp32_bias)
+        assert torch.equal(layer.cpu_linear(x, layer.weight, layer.bias), expected), (n, k, m)
+        assert torch.equal(traced(x), expected), ("traced", n, k, m)
+        checked += in_onednn
+print(checked)
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not (HW.has_amx and platform.packed_linear_supported(HW)), reason="needs AMX")
+def test_with_amx_layers_vllm_gives_onednn_keep_it_above_four_rows() -> None:
+    """A bf16 layer of more than 1 MiB (vLLM gives it oneDNN) holds its weights packed for the small-batch
+    kernel and in oneDNN's layout: up to 4 rows the kernel's bits, above them oneDNN's, eager and traced;
+    a smaller layer stays on the packed kernels at every row count, as vLLM has it."""
+    done = subprocess.run([sys.executable, "-c", AMX_LAYERS], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == str(2 * 4)  # two layers over 1 MiB, four row counts above 4
 
 
 SAME_INT8_BITS = """

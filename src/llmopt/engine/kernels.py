@@ -2,7 +2,8 @@
 bf16 (`small_batch_linear.cpp`) and W8A8 (`small_batch_int8_linear.cpp`), and the prefill attention
 kernel (`prefill_attention.cpp`). Each stands in for a vLLM kernel on AVX-512 BF16 processors
 without AMX and hands what it does not do to it. With AMX a build of the bf16 linear kernel alone
-(`AMX`) runs up to 4 rows, where vLLM's kernel does not use the tiles.
+(`AMX`) runs up to 4 rows, where vLLM's kernel does not use the tiles, and hands the layers vLLM
+gives oneDNN to oneDNN above them.
 
 The build is direct: one g++ command over torch's headers and libraries, found without importing
 torch, into the environment's `lib/llmopt-kernels/`, named by the sources' hash and torch's and
@@ -194,6 +195,7 @@ def _out_shapes() -> dict[str, Callable[..., Any]]:
     """Each linear op's output as torch.compile traces it: an empty tensor of the product's shape."""
     return {
         "small_batch_linear": lambda x, packed, bias, n: x.new_empty((x.shape[0], n)),
+        "small_batch_linear_or_onednn": lambda x, packed, bias, n, onednn, onednn_bias: x.new_empty((x.shape[0], n)),
         "small_batch_int8_linear": lambda x, packed, scales, bias: x.new_empty((x.shape[0], packed.shape[0])),
         "avx2_int8_linear": lambda x, packed, scales, bias, n: x.new_empty((x.shape[0], n)),
         "avx2_bf16_linear": lambda x, packed, bias, n: x.new_empty((x.shape[0], n)),

@@ -211,8 +211,9 @@ def default_linear_kernels(hw: Hardware) -> str:
     (`small_batch_linear`): vLLM's packed kernel multiplies 5 rows or more at about the fp32 rate
     there. With AMX, vLLM gives bf16 layers oneDNN, which streamed SmolLM2-135M's weights at 9.7
     GB/s at batch 1 (`benchmarks/step_profile.py`; the machine reads 18.8): there llmopt's AMX build
-    of its small-batch kernel up to 4 rows, vLLM's packed kernel on AMX tiles above, where built,
-    and vLLM's choice where not. On x86 without
+    of its small-batch kernel up to 4 rows, and vLLM's choice above (its packed kernel on AMX tiles
+    for layers under 1 MiB, oneDNN for the others, which then hold their weights twice), where
+    built, and vLLM's choice where not. On x86 without
     AVX-512 nor VNNI, llmopt's AVX2 kernels where they are built: its W8A8 one for int8 layers
     (oneDNN's int8 has no fast path there), and for float32 layers whose weights bf16 holds exactly
     its float32 one streaming them in bf16 (`avx2_bf16_linear`: SmolLM2-135M served 1.86x oneDNN's

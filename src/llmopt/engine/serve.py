@@ -20,7 +20,8 @@ decode faster: oneDNN's matrix-vector products stream cold weights at 10-25 GB/s
 (`platform.default_linear_kernels`). With `LLMOPT_PACKED_LINEAR` set, every bf16 or int8 layer of a
 shape they take gets them; with `LLMOPT_SMALL_BATCH_LINEAR` too, they call llmopt's small-batch
 kernels (`small_batch_linear`, `small_batch_int8_linear`), which run up to 64 rows (bf16) or 5 to
-32 (int8) themselves and hand the rest to vLLM's; with AMX, the bf16 one alone, up to 4 rows.
+32 (int8) themselves and hand the rest to vLLM's; with AMX, the bf16 one alone, up to 4 rows,
+handing the rest to vLLM's choice (`small_batch_linear.use_onednn_above`).
 
 Both must hold in vLLM's engine-core process, where the model runs. vLLM's CPU platform starts that
 process with `spawn`, so it imports torch and vLLM a second time, after the API server has: 6 of a
@@ -50,7 +51,7 @@ if __name__ in ("__main__", "__mp_main__"):
 import importlib
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from llmopt.engine import (attention_calls, avx2_bf16_linear, avx2_int8_linear, kernels, prefill_attention,
                            small_batch_int8_linear, small_batch_linear, weight_only_int8_linear)
@@ -130,7 +131,8 @@ def _rendezvous_in_socket_folder() -> None:
             sys.modules[name].get_file_store_init_method = in_socket_folder
 
 
-def _packed_linear_kernels() -> None:
+def _packed_linear_kernels() -> Callable[[int, int, Any], bool]:
+    """vLLM's packed kernels for every layer of a shape they take; returns vLLM's own choice."""
     import torch
     from vllm.logger import init_logger
     from vllm.model_executor.kernels.linear.scaled_mm import cpu
@@ -156,6 +158,7 @@ def _packed_linear_kernels() -> None:
 
     utils.check_cpu_sgl_kernel = packed
     cpu.check_cpu_sgl_kernel = packed  # imported by name there
+    return chosen
 
 
 def _forked_engine_core() -> None:
@@ -316,11 +319,13 @@ def kernels_from_environment() -> None:
         torch.cpu._init_amx()
     library = os.environ.get(kernels.LIBRARY_ENV)
     if os.environ.get(PACKED_LINEAR_ENV) == "1":
-        _packed_linear_kernels()
+        vllms_choice = _packed_linear_kernels()
         if library and os.environ.get(small_batch_linear.ENV) == "1":
             small_batch_linear.use(library)
-            if kernels.library_of(library) is kernels.AVX512:  # with AMX, vLLM's int8 kernel multiplies on its tiles
+            if kernels.library_of(library) is kernels.AVX512:
                 small_batch_int8_linear.use(library)
+            else:  # with AMX, vLLM's int8 kernel multiplies on its tiles, and oneDNN larger bf16 batches
+                small_batch_linear.use_onednn_above(vllms_choice)
     if os.environ.get(weight_only_int8_linear.ENV) == "1":
         weight_only_int8_linear.use()
     if library and os.environ.get(avx2_int8_linear.ENV) == "1":

@@ -108,6 +108,13 @@ void vllm_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
   op.call(out, x, packed, bias, true);
 }
 
+void vllm_onednn(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& handler) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("_C::onednn_mm", "")
+                       .typed<void(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&)>();
+  op.call(out, x, bias, handler);
+}
+
 // Functional (returns its output, mutates nothing): in vLLM's traced graph a mutating op becomes an
 // auto_functionalized node that Inductor's post-grad passes take apart again, each time rescanning
 // the graph, which made a cold compile of a bf16 model with 120 of these slower (benchmarks/README.md).
@@ -147,12 +154,30 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, con
   return out;
 }
 
+// A layer that keeps its weights twice, packed and in oneDNN's layout (`onednn`: vLLM's handler of
+// them, with the bias in the layer's dtype as oneDNN takes it): up to kMaxRows rows here, more in
+// oneDNN, where vLLM gives such a layer oneDNN for every batch. With AMX, vLLM's packed kernel took
+// 1.5x oneDNN's time for a step's layers at 40 rows (a decode batch with a prefill chunk).
+at::Tensor small_batch_linear_or_onednn(const at::Tensor& x, const at::Tensor& packed,
+                                        const std::optional<at::Tensor>& bias, int64_t n_out, const at::Tensor& onednn,
+                                        const std::optional<at::Tensor>& onednn_bias) {
+  if (x.dim() != 2 || x.size(0) <= kMaxRows) {
+    return small_batch_linear(x, packed, bias, n_out);
+  }
+  at::Tensor out = at::empty({x.size(0), n_out}, x.options());
+  vllm_onednn(out, x.stride(1) == 1 ? x : x.contiguous(), onednn_bias, onednn);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(llmopt, m) {
   m.def("small_batch_linear(Tensor x, Tensor packed, Tensor? bias, SymInt n) -> Tensor");
+  m.def("small_batch_linear_or_onednn(Tensor x, Tensor packed, Tensor? bias, SymInt n, Tensor onednn, "
+        "Tensor? onednn_bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llmopt, CPU, m) {
   m.impl("small_batch_linear", &small_batch_linear);
+  m.impl("small_batch_linear_or_onednn", &small_batch_linear_or_onednn);
 }
