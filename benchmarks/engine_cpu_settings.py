@@ -100,16 +100,19 @@ def _server(pid: int) -> list[psutil.Process]:
     return [server, *server.children(recursive=True)]
 
 
+def _label(process: psutil.Process, pid: int) -> str:
+    """A server process's name in a row: the API server, or the start of its command line."""
+    return "api server" if process.pid == pid else " ".join(process.cmdline())[:40]
+
+
 def placement(pid: int) -> dict[str, dict[str, int]]:
     """Each server process's threads, counted by the cores they may run on."""
-    return {"api server" if p.pid == pid else " ".join(p.cmdline())[:40]:
-            dict(collections.Counter(_cores(t.id) for t in p.threads())) for p in _server(pid)}
+    return {_label(p, pid): dict(collections.Counter(_cores(t.id) for t in p.threads())) for p in _server(pid)}
 
 
 def memory(pid: int) -> dict[str, float]:
     """Each server process's resident memory once ready, in MiB: where a setting keeps weights twice, it shows."""
-    return {"api server" if p.pid == pid else " ".join(p.cmdline())[:40]: round(p.memory_info().rss / 2**20, 1)
-            for p in _server(pid)}
+    return {_label(p, pid): round(p.memory_info().rss / 2**20, 1) for p in _server(pid)}
 
 
 def free_threads(pid: int, pin_model_main: bool) -> None:

@@ -115,8 +115,9 @@ def compare(path: str | Path, vllms: object) -> int:
             bias = None if onednn_bias is None else onednn_bias.float()  # a bf16 layer's, as the packed kernel takes it
             for m in CHECKED_ROWS:
                 x = torch.randn(m, k, dtype=torch.bfloat16, generator=generator)
-                assert torch.equal(vllms(x, packed, n, bias), ops.weight_packed_linear_cpu(x, packed, n, bias)), (n, k, m)
-                expected = vllms(x, packed, n, bias) if m <= rows else ops.onednn_mm(onednn, x, onednn_bias)
+                reference = vllms(x, packed, n, bias)
+                assert torch.equal(reference, ops.weight_packed_linear_cpu(x, packed, n, bias)), (n, k, m)
+                expected = reference if m <= rows else ops.onednn_mm(onednn, x, onednn_bias)
                 got = torch.ops.llmopt.small_batch_linear_or_onednn(x, packed, bias, n, onednn.handler_tensor, onednn_bias)
                 assert torch.equal(expected, got), ("or oneDNN", n, k, m)
                 checked += 2
