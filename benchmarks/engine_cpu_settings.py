@@ -149,10 +149,11 @@ def renice_api_server(pid: int, niceness: int) -> None:
             continue
 
 
-def deploy_and_measure(label: str, engine: EngineConfig, env: dict[str, str], once_ready: Callable[[int], None] | None,
+def deploy_and_measure(label: str, engine: EngineConfig | None, env: dict[str, str], once_ready: Callable[[int], None] | None,
                        model: str = "smollm2-135m-instruct", after_level: Callable[[int], dict] | None = None,
                        workload: str = WORKLOAD) -> dict:
-    """One deployment's row: each of `LEVELS` in turn, and what `after_level` adds after each."""
+    """One deployment's row (`engine` None: an artifact's own settings): each of `LEVELS` in turn, and what
+    `after_level` adds after each."""
     chosen = vllm.environment
     with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):  # over what llmopt sets
         with llmopt.deploy(model, engine=engine) as endpoint:

@@ -10,9 +10,11 @@ PYTHONPATH. Offline: vLLM's `LLM.generate` in the same engine environment
 on, though every prompt is new to it), 6 requests one at a time and 24 eight at a time, the same
 lengths. The two alternate, `--rounds` times each; with `--stream-intervals 1,8` each round serves
 once per interval (`EngineConfig.stream_interval`: the front end's work a token, against what it
-costs the steps). Writes results/served_step.json (or `--out`).
+costs the steps). `--model` takes an artifact's folder too (the offline side loads it as
+`step_profile.py` does, in the dtype llmopt serves here), `--workload` any of `evaluate`'s
+workloads (offline, its prompts with 128 tokens out each). Writes results/served_step.json (or `--out`).
 
-    .venv/bin/python benchmarks/served_step.py [--rounds N] [--stream-intervals 1,8] [--out NAME]
+    .venv/bin/python benchmarks/served_step.py [--rounds N] [--stream-intervals 1,8] [--model M] [--workload W] [--out NAME]
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def intervals(text: str) -> list[int]:
     return found
 
 
-def served(times: Path, interval: int) -> list[dict]:
+def served(times: Path, interval: int, model: str, dataset: str) -> list[dict]:
     """A deployment measured as `engine_cpu_settings.py` measures one, its engine core's phases by level."""
     from decode_profile import server_pids
 
@@ -80,14 +82,16 @@ def served(times: Path, interval: int) -> list[dict]:
         engine_core.append(server_pids(pid)["engine core"])
         _flushed(times, engine_core[0])  # the start's warm-up runs
 
-    row = deploy_and_measure(served_mode(interval), LLMOPT.model_copy(update={"stream_interval": interval}),
-                             {"PYTHONPATH": str(TIMER_DIR), phase_timer.ENV: str(times)}, ready, MODEL,
-                             after_level=lambda level: {f"phases_c{level}": _flushed(times, engine_core[0])})
+    # an artifact is served with the engine settings its job wrote (`interval` 1, checked in `main`)
+    engine = None if Path(model).is_dir() else LLMOPT.model_copy(update={"stream_interval": interval})
+    row = deploy_and_measure(served_mode(interval), engine,
+                             {"PYTHONPATH": str(TIMER_DIR), phase_timer.ENV: str(times)}, ready, model,
+                             after_level=lambda level: {f"phases_c{level}": _flushed(times, engine_core[0])}, workload=dataset)
     return [{"mode": served_mode(interval), "batch": level, "phases": row[f"phases_c{level}"], "out_tok_s": row[f"out_tok_s_c{level}"]}
             for level in LEVELS]
 
 
-def offline(out: Path) -> None:
+def offline(out: Path, model: str, dataset: str) -> None:
     """In the engine environment (this script run again with --offline OUT): the same lengths in
     vLLM's offline API, `LEVELS` requests a batch size; the rows into `out`."""
     from step_profile import compilation_config, in_engine_environment
@@ -96,17 +100,18 @@ def offline(out: Path) -> None:
     from vllm import LLM, SamplingParams
 
     from llmopt import sources
-    from llmopt.engine import serve
+    from llmopt.engine import platform, serve
     from llmopt.evaluation import workload
 
     serve.kernels_from_environment()
     timer = phase_timer.Timer()
     timer.install(import_modules=True)
-    llm = LLM(sources.resolve(MODEL).path, max_model_len=2048, seed=0, enable_prefix_caching=False,
-              compilation_config=compilation_config())
+    folder = model if Path(model).is_dir() else sources.resolve(model).path
+    llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False,
+              compilation_config=compilation_config(), dtype=platform.default_dtype(platform.detect()))
     tokenizer = llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template(list(r.messages), tokenize=False, add_generation_prompt=True)
-               for r in workload.load(WORKLOAD, tokenizer=tokenizer).take(max(LEVELS.values()))]
+               for r in workload.load(dataset, tokenizer=tokenizer).take(max(LEVELS.values()))]
     params = SamplingParams(max_tokens=128, min_tokens=128, ignore_eos=True, temperature=0)
     llm.generate(prompts[:1], params, use_tqdm=False)
     timer.take()
@@ -120,16 +125,17 @@ def offline(out: Path) -> None:
     out.write_text(json.dumps(rows))
 
 
-def main(rounds: int, intervals: list[int], out: Path) -> None:
+def main(rounds: int, intervals: list[int], model: str, dataset: str, out: Path) -> None:
     from llmopt.engine import platform
 
     times = Path(f"/tmp/llmopt-served-step-{os.getpid()}.jsonl")
     rows = []
     for r in range(rounds):
-        subprocess.run([sys.executable, __file__, "--offline", str(times.with_suffix(".offline"))], check=True)
+        subprocess.run([sys.executable, __file__, "--offline", str(times.with_suffix(".offline")), "--model", model,
+                        "--workload", dataset], check=True)
         rows += [row | {"round": r} for row in json.loads(times.with_suffix(".offline").read_text())]
         for interval in intervals:
-            rows += [row | {"round": r} for row in served(times, interval)]
+            rows += [row | {"round": r} for row in served(times, interval, model, dataset)]
     times.unlink(missing_ok=True)
     times.with_suffix(".offline").unlink(missing_ok=True)
     out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")  # kept should the summary fail
@@ -145,7 +151,7 @@ def main(rounds: int, intervals: list[int], out: Path) -> None:
         print(f"{name:<42}" + "".join(f"{median[c][name]['wall_ms']:>15.3f} ({median[c][name]['cpu_ms']:.3f})" for c in columns))
     print(f"{'output tokens/s':<42}" + "".join(
         f"{statistics.median(row['out_tok_s'] for row in rows if (row['mode'], row['batch']) == c):>24.1f}" for c in columns))
-    out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": MODEL, "workload": WORKLOAD,
+    out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": model, "workload": dataset,
                                "levels": LEVELS, "stream_intervals": intervals, "rows": rows,
                                "medians": {f"{mode} b{batch}": phases for (mode, batch), phases in median.items()}},
                               indent=2) + "\n")
@@ -158,9 +164,13 @@ if __name__ == "__main__":
     parser.add_argument("--out", default="served_step.json", help="the results file's name in results/")
     parser.add_argument("--stream-intervals", default="1", type=intervals,
                         help="served once a round at each (comma-separated, 1 to 4096)")
+    parser.add_argument("--model", default=MODEL, help="a catalogued or imported model, or an artifact's folder")
+    parser.add_argument("--workload", default=WORKLOAD, help="the requests, as `evaluate --dataset` takes them")
     parser.add_argument("--offline", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if Path(args.model).is_dir() and args.stream_intervals != [1]:
+        parser.error("an artifact is served with its own engine settings: --stream-intervals takes only 1 with it")
     if args.offline:
-        offline(args.offline)
+        offline(args.offline, args.model, args.workload)
     else:
-        main(args.rounds, args.stream_intervals, RESULTS / args.out)
+        main(args.rounds, args.stream_intervals, args.model, args.workload, RESULTS / args.out)

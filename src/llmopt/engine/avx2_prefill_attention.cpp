@@ -1,5 +1,6 @@
 // llmopt::prefill_attention on x86 processors with AVX2 and no AVX-512: causal attention over vLLM's
-// paged float32 KV cache (llmopt serves float32 there) for steps that carry a prompt.
+// paged float32 KV cache (llmopt serves float32 there) for steps that carry a prompt, and for
+// decode-only steps.
 //
 // There vLLM's CPU attention (`_C::cpu_attention_with_kv_cache`, its `vec` path) spent 501 ms of an
 // 884-token prefill of SmolLM2-135M on the project's Zen 3 EPYC, a quarter of it, at about 54
@@ -12,6 +13,13 @@
 //   O = P V:   values are [block_size][head_size], so each token's values multiply its broadcast
 //              probability, kRows query rows sharing each loaded 16 dimensions.
 // Nothing is rounded below float32, so the outputs are as close to exact as vLLM's.
+//
+// Decode-only steps: the cache is cold there (a served step's weights stream through the caches
+// between two layers), and vLLM's kernel read it at 7-9 GB/s on Zen 3 where the machine streams 20
+// (benchmarks/README.md, "cpu_attention.py"): a score tile of 16 keys walks 64 lines 512 bytes apart.
+// Here one tile is a sequence's KV head with all its query heads as rows, so a key is read once for
+// the group, and each block is read front to back: all its keys of one dimension at a time (the
+// scores summed in L1, not in registers), then each token's values whole.
 
 #include <ATen/ATen.h>
 #include <immintrin.h>
@@ -30,6 +38,7 @@ using namespace llmopt_attention;
 
 constexpr int64_t kKeys = 16;     // keys a score tile covers (two vectors of 8)
 constexpr int kRows = 6;          // query rows sharing each loaded line of keys, and of values: 12 accumulators
+constexpr int kDecodeRows = 8;    // query heads of a group a decode tile takes at once
 constexpr int kValueVectors = 2;  // a head's values 16 dimensions at a time (single-threaded on Zen 3: 63
                                   // GFLOP/s, against 53-59 with two query rows or three over 32 dimensions)
 
@@ -190,12 +199,110 @@ void query_tile(int64_t n, const float* query, int64_t query_stride, const Cache
   });
 }
 
+// Scores of N decode rows (the same token, N query heads `query_stride` apart) against keys [0,
+// count), scaled, into `scores` (row stride `padded`): a block's keys read front to back.
+template <int D, int N>
+void decode_scores(const float* query, int64_t query_stride, const Cache& cache, int64_t count, float scale,
+                   float* scores, int64_t padded) {
+  for (int64_t b0 = 0; b0 < count; b0 += cache.block_size) {
+    const float* k = cache.keys + cache.blocks[b0 / cache.block_size] * cache.stride;
+    const int64_t vectors = (std::min(cache.block_size, count - b0) + 7) / 8;
+    for (int r = 0; r < N; ++r)
+      for (int64_t v = 0; v < vectors; ++v) _mm256_storeu_ps(scores + r * padded + b0 + v * 8, _mm256_setzero_ps());
+    for (int d = 0; d < D; ++d) {
+      __m256 x[N];
+#pragma GCC unroll 8
+      for (int r = 0; r < N; ++r) x[r] = _mm256_broadcast_ss(query + r * query_stride + d);
+      const float* line = k + d * cache.block_size;
+      for (int64_t v = 0; v < vectors; ++v) {
+        const __m256 keys = _mm256_loadu_ps(line + v * 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < N; ++r) {
+          float* sum = scores + r * padded + b0 + v * 8;
+          _mm256_storeu_ps(sum, _mm256_fmadd_ps(x[r], keys, _mm256_loadu_ps(sum)));
+        }
+      }
+    }
+    const __m256 s = _mm256_set1_ps(scale);
+    for (int r = 0; r < N; ++r)
+      for (int64_t v = 0; v < vectors; ++v) {
+        float* sum = scores + r * padded + b0 + v * 8;
+        _mm256_storeu_ps(sum, _mm256_mul_ps(_mm256_loadu_ps(sum), s));
+      }
+  }
+}
+
+// Outputs of N decode rows (row stride `out_stride`): probabilities times values over keys [0,
+// count), each token's D values read whole, divided by each row's sum; each block's products
+// summed apart and then added up, as `value_tile` does.
+template <int D, int N>
+void decode_values(const float* probs, int64_t padded, const Cache& cache, int64_t count, const float* sums,
+                   float* out, int64_t out_stride) {
+  alignas(32) float total[N][D] = {};
+  for (int64_t b0 = 0; b0 < count; b0 += cache.block_size) {
+    const float* v = cache.values + cache.blocks[b0 / cache.block_size] * cache.stride;
+    const int64_t tokens = std::min(cache.block_size, count - b0);
+    alignas(32) float acc[N][D] = {};
+    for (int64_t t = 0; t < tokens; ++t) {
+      __m256 x[N];
+#pragma GCC unroll 8
+      for (int r = 0; r < N; ++r) x[r] = _mm256_broadcast_ss(probs + r * padded + b0 + t);
+#pragma GCC unroll 16
+      for (int j = 0; j < D; j += 8) {
+        const __m256 values = _mm256_loadu_ps(v + t * D + j);
+#pragma GCC unroll 8
+        for (int r = 0; r < N; ++r) _mm256_store_ps(acc[r] + j, _mm256_fmadd_ps(x[r], values, _mm256_load_ps(acc[r] + j)));
+      }
+    }
+    for (int r = 0; r < N; ++r)
+      for (int j = 0; j < D; j += 8)
+        _mm256_store_ps(total[r] + j, _mm256_add_ps(_mm256_load_ps(total[r] + j), _mm256_load_ps(acc[r] + j)));
+  }
+  for (int r = 0; r < N; ++r) {
+    const __m256 sum = _mm256_set1_ps(sums[r]);
+    for (int j = 0; j < D; j += 8)
+      _mm256_storeu_ps(out + r * out_stride + j, _mm256_div_ps(_mm256_load_ps(total[r] + j), sum));
+  }
+}
+
+// A decode-only step: one tile per sequence and KV head, its query heads kDecodeRows at a time.
+template <int D>
+void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache,
+                    const at::Tensor& value_cache, const Step& step, float scale, const at::Tensor& block_table,
+                    int64_t widest) {
+  const int64_t kv_heads = key_cache.size(1), group = query.size(1) / kv_heads;
+  const int64_t tiles = step.sequences * kv_heads;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tiles);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(kDecodeRows * widest);
+    for (int64_t thread = begin; thread < end; ++thread)
+      for (int64_t i = thread; i < tiles; i += threads) {
+        const int64_t s = i / kv_heads, g = i % kv_heads, count = step.lengths[s];
+        const Cache cache{key_cache.data_ptr<float>() + g * key_cache.stride(1),
+                          value_cache.data_ptr<float>() + g * value_cache.stride(1), key_cache.stride(0),
+                          block_table.data_ptr<int32_t>() + s * block_table.stride(0), key_cache.size(2)};
+        for (int64_t h = g * group; h < (g + 1) * group; h += kDecodeRows) {
+          const float* q = query.data_ptr<float>() + step.starts[s] * query.stride(0) + h * query.stride(1);
+          float* o = output.data_ptr<float>() + step.starts[s] * output.stride(0) + h * output.stride(1);
+          with_rows<kDecodeRows>(std::min<int64_t>(kDecodeRows, (g + 1) * group - h), [&](auto rows) {
+            constexpr int N = decltype(rows)::value;
+            decode_scores<D, N>(q, query.stride(1), cache, count, scale, scores.data(), widest);
+            float sums[N];
+            for (int r = 0; r < N; ++r) sums[r] = softmax_row(scores.data() + r * widest, count, count);
+            decode_values<D, N>(scores.data(), widest, cache, count, sums, o, output.stride(1));
+          });
+        }
+      }
+  });
+}
+
 template <int D>
 void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
             const Step& step, float scale, const at::Tensor& block_table) {
   const int64_t heads = query.size(1), group = heads / key_cache.size(1);
   int64_t widest = 0;  // a row of scores, keys rounded up to a tile
   for (int64_t s = 0; s < step.sequences; ++s) widest = std::max<int64_t>(widest, (step.lengths[s] + kKeys - 1) / kKeys * kKeys);
+  if (step.decodes) return attend_decodes<D>(output, query, key_cache, value_cache, step, scale, block_table, widest);
   const float* keys = key_cache.data_ptr<float>();
   const float* values = value_cache.data_ptr<float>();
   const int32_t* table = block_table.data_ptr<int32_t>();
@@ -217,5 +324,5 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
 
 TORCH_LIBRARY_FRAGMENT(llmopt, m) { m.def(llmopt_attention::kSchema); }
 TORCH_LIBRARY_IMPL(llmopt, CPU, m) {
-  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kFloat, kKeys, attend<64>, attend<128>>);
+  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kFloat, kKeys, true, attend<64>, attend<128>>);
 }

@@ -259,5 +259,5 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
 
 TORCH_LIBRARY_FRAGMENT(llmopt, m) { m.def(llmopt_attention::kSchema); }
 TORCH_LIBRARY_IMPL(llmopt, CPU, m) {
-  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kBFloat16, kKeys, attend<64>, attend<128>>);
+  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kBFloat16, kKeys, false, attend<64>, attend<128>>);
 }

@@ -2,8 +2,9 @@
 // `avx2_prefill_attention.cpp`, float32 with AVX2): the op they register in place of vLLM's CPU
 // attention, with its arguments; which calls are theirs (causal attention without extras over
 // vLLM's `vec` cache layout, head size 64 or 128, a step with a sequence of at least
-// LLMOPT_MIN_QUERIES queries); vLLM's kernel for every other call, with its own arguments; and how
-// a step's query tiles are shared among threads.
+// LLMOPT_MIN_QUERIES queries, and for a kernel that takes them, a decode-only step: one query for
+// every sequence); vLLM's kernel for every other call, with its own arguments; and how a step's
+// query tiles are shared among threads.
 
 #pragma once
 
@@ -29,11 +30,13 @@ constexpr const char* kSchema =
     "int sliding_window, Tensor block_table, float softcap, Tensor scheduler_metadata, Tensor? s_aux, "
     "Tensor? dynamic_causal, float k_scale, float v_scale, str kv_cache_dtype) -> ()";
 
-// A step's sequences: queries [starts[s], starts[s + 1]) of the step, each seeing lengths[s] keys.
+// A step's sequences: queries [starts[s], starts[s + 1]) of the step, each seeing lengths[s] keys;
+// `decodes`: every sequence has one query.
 struct Step {
   const int32_t* starts;
   const int32_t* lengths;
   int64_t sequences;
+  bool decodes;
 };
 
 // Up to `rows` queries of one head: the step's queries [first, first + rows), the first at
@@ -63,7 +66,7 @@ inline void vllm_attention(const at::Tensor& query, const at::Tensor& key_cache,
 
 // The step, if the kernel runs this call: every tensor of `dtype`, vLLM's `vec` layout with blocks
 // of a multiple of `keys` tokens, query rows on 32-bit boundaries, and a sequence of kMinQuery
-// queries or more.
+// queries or more, or with `decodes`, one query in every sequence.
 inline std::optional<Step> kernels_step(const at::Tensor& query, const at::Tensor& key_cache,
                                         const at::Tensor& value_cache, const at::Tensor& output,
                                         const at::Tensor& query_start_loc, const at::Tensor& seq_lens, bool causal,
@@ -71,7 +74,8 @@ inline std::optional<Step> kernels_step(const at::Tensor& query, const at::Tenso
                                         const at::Tensor& block_table, double softcap,
                                         const std::optional<at::Tensor>& s_aux,
                                         const std::optional<at::Tensor>& dynamic_causal,
-                                        const std::string& kv_cache_dtype, at::ScalarType dtype, int64_t keys) {
+                                        const std::string& kv_cache_dtype, at::ScalarType dtype, int64_t keys,
+                                        bool decodes) {
   const int64_t head_size = query.dim() == 3 ? query.size(2) : 0;
   const auto of_dtype = [dtype](const at::Tensor& t) { return t.scalar_type() == dtype; };
   const bool ours =
@@ -90,7 +94,7 @@ inline std::optional<Step> kernels_step(const at::Tensor& query, const at::Tenso
       seq_lens.is_contiguous() && block_table.stride(1) == 1 && query_start_loc.numel() == seq_lens.numel() + 1 &&
       block_table.size(0) >= seq_lens.numel();
   if (!ours) return std::nullopt;
-  const Step step{query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), seq_lens.numel()};
+  Step step{query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), seq_lens.numel(), seq_lens.numel() > 0};
   if (step.sequences > 0 && (step.starts[0] != 0 || step.starts[step.sequences] > query.size(0))) return std::nullopt;
   bool long_query = false;
   for (int64_t s = 0; s < step.sequences; ++s) {
@@ -99,17 +103,18 @@ inline std::optional<Step> kernels_step(const at::Tensor& query, const at::Tenso
         (step.lengths[s] + keys - 1) / keys * keys > block_table.size(1) * key_cache.size(2))
       return std::nullopt;
     long_query = long_query || queries >= kMinQuery;
+    step.decodes = step.decodes && queries == 1;
   }
-  return long_query ? std::optional<Step>(step) : std::nullopt;
+  return long_query || (decodes && step.decodes) ? std::optional<Step>(step) : std::nullopt;
 }
 
 // A kernel's work on a step it runs, for one head size.
 using Attend = void (*)(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, const Step& step, float scale, const at::Tensor& block_table);
 
-// The op: `Head64` or `Head128` where `kernels_step` gives the call to the kernel (`Dtype`, `Keys`),
-// vLLM's kernel elsewhere.
-template <at::ScalarType Dtype, int64_t Keys, Attend Head64, Attend Head128>
+// The op: `Head64` or `Head128` where `kernels_step` gives the call to the kernel (`Dtype`, `Keys`,
+// `Decodes`: whether it takes decode-only steps), vLLM's kernel elsewhere.
+template <at::ScalarType Dtype, int64_t Keys, bool Decodes, Attend Head64, Attend Head128>
 void prefill_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                        at::Tensor& output, const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
                        bool causal, const std::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
@@ -118,7 +123,7 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& key_cache, con
                        double k_scale, double v_scale, const std::string& kv_cache_dtype) {
   const std::optional<Step> step =
       kernels_step(query, key_cache, value_cache, output, query_start_loc, seq_lens, causal, alibi_slopes,
-                   sliding_window, block_table, softcap, s_aux, dynamic_causal, kv_cache_dtype, Dtype, Keys);
+                   sliding_window, block_table, softcap, s_aux, dynamic_causal, kv_cache_dtype, Dtype, Keys, Decodes);
   if (!step) {
     return vllm_attention(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal,
                           alibi_slopes, sliding_window, block_table, softcap, scheduler_metadata, s_aux,
