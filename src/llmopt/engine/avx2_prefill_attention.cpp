@@ -20,14 +20,18 @@
 // Here one tile is a sequence's KV head with all its query heads as rows, so a key is read once for
 // the group, and each block is read front to back: all its keys of one dimension at a time (the
 // scores summed in L1, not in registers), then each token's values whole.
+// Where a step's tiles are few and do not share out evenly among the threads (batch 1), each
+// context is cut in parts of whole blocks, read on their own and merged as a split softmax.
 
 #include <ATen/ATen.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "prefill_attention.h"
@@ -114,15 +118,20 @@ void score_tile(const float* query, int64_t query_stride, const Cache& cache, in
   }
 }
 
+// A row's softmax, unnormalized: its scores less `shift` (the largest), exponentiated, sum to `sum`.
+struct Softmax {
+  float shift, sum;
+};
+
 // Row softmax over keys [0, visible), in place, unnormalized and zero up to `count` rounded up to
-// a vector (keys past `visible` may be past the sequence: never read as numbers); returns the sum
-// the output is divided by.
-inline float softmax_row(float* scores, int64_t visible, int64_t count) {
+// a vector (keys past `visible` may be past the sequence: never read as numbers).
+inline Softmax softmax_row(float* scores, int64_t visible, int64_t count) {
   const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   __m256 peak = lowest;
   for (int64_t t = 0; t < visible; t += 8)
     peak = _mm256_max_ps(peak, _mm256_blendv_ps(lowest, _mm256_loadu_ps(scores + t), below(t, visible)));
-  const __m256 shift = _mm256_set1_ps(horizontal(peak, [](__m128 a, __m128 b) { return _mm_max_ps(a, b); }));
+  const float largest = horizontal(peak, [](__m128 a, __m128 b) { return _mm_max_ps(a, b); });
+  const __m256 shift = _mm256_set1_ps(largest);
   __m256 sum = _mm256_setzero_ps(), part = sum;  // summed 128 keys at a time, as the values are
   for (int64_t t = 0; t < count; t += 8) {
     const __m256 live = below(t, visible);
@@ -132,7 +141,7 @@ inline float softmax_row(float* scores, int64_t visible, int64_t count) {
     if (t % 128 == 120) sum = _mm256_add_ps(sum, part), part = _mm256_setzero_ps();
     _mm256_storeu_ps(scores + t, e);
   }
-  return horizontal(_mm256_add_ps(sum, part), [](__m128 a, __m128 b) { return _mm_add_ps(a, b); });
+  return {largest, horizontal(_mm256_add_ps(sum, part), [](__m128 a, __m128 b) { return _mm_add_ps(a, b); })};
 }
 
 // Outputs of N rows: probabilities (row stride `padded`) times values over keys [0, count),
@@ -187,7 +196,7 @@ void rows_tile(const float* query, int64_t query_stride, const Cache& cache, int
   const int64_t count = first_position + N;  // keys the last row sees
   score_tile<D, N>(query, query_stride, cache, count, scale, scores, padded);
   float sums[N];
-  for (int r = 0; r < N; ++r) sums[r] = softmax_row(scores + r * padded, first_position + r + 1, count);
+  for (int r = 0; r < N; ++r) sums[r] = softmax_row(scores + r * padded, first_position + r + 1, count).sum;
   value_tile<D, N>(scores, padded, cache, count, sums, out, out_stride);
 }
 
@@ -199,12 +208,13 @@ void query_tile(int64_t n, const float* query, int64_t query_stride, const Cache
   });
 }
 
-// Scores of N decode rows (the same token, N query heads `query_stride` apart) against keys [0,
-// count), scaled, into `scores` (row stride `padded`): a block's keys read front to back.
+// Scores of N decode rows (the same token, N query heads `query_stride` apart) against keys [first,
+// count), `first` on a block's boundary, scaled, into `scores` (row stride `padded`, indexed by key):
+// a block's keys read front to back.
 template <int D, int N>
-void decode_scores(const float* query, int64_t query_stride, const Cache& cache, int64_t count, float scale,
-                   float* scores, int64_t padded) {
-  for (int64_t b0 = 0; b0 < count; b0 += cache.block_size) {
+void decode_scores(const float* query, int64_t query_stride, const Cache& cache, int64_t first, int64_t count,
+                   float scale, float* scores, int64_t padded) {
+  for (int64_t b0 = first; b0 < count; b0 += cache.block_size) {
     const float* k = cache.keys + cache.blocks[b0 / cache.block_size] * cache.stride;
     const int64_t vectors = (std::min(cache.block_size, count - b0) + 7) / 8;
     for (int r = 0; r < N; ++r)
@@ -232,14 +242,13 @@ void decode_scores(const float* query, int64_t query_stride, const Cache& cache,
   }
 }
 
-// Outputs of N decode rows (row stride `out_stride`): probabilities times values over keys [0,
-// count), each token's D values read whole, divided by each row's sum; each block's products
-// summed apart and then added up, as `value_tile` does.
+// Probabilities (row stride `padded`, indexed by key) times values over keys [first, count), added
+// to `total`: each token's D values read whole; each block's products summed apart and then added
+// up, as `value_tile` does.
 template <int D, int N>
-void decode_values(const float* probs, int64_t padded, const Cache& cache, int64_t count, const float* sums,
-                   float* out, int64_t out_stride) {
-  alignas(32) float total[N][D] = {};
-  for (int64_t b0 = 0; b0 < count; b0 += cache.block_size) {
+void decode_values(const float* probs, int64_t padded, const Cache& cache, int64_t first, int64_t count,
+                   float (&total)[N][D]) {
+  for (int64_t b0 = first; b0 < count; b0 += cache.block_size) {
     const float* v = cache.values + cache.blocks[b0 / cache.block_size] * cache.stride;
     const int64_t tokens = std::min(cache.block_size, count - b0);
     alignas(32) float acc[N][D] = {};
@@ -256,44 +265,93 @@ void decode_values(const float* probs, int64_t padded, const Cache& cache, int64
     }
     for (int r = 0; r < N; ++r)
       for (int j = 0; j < D; j += 8)
-        _mm256_store_ps(total[r] + j, _mm256_add_ps(_mm256_load_ps(total[r] + j), _mm256_load_ps(acc[r] + j)));
-  }
-  for (int r = 0; r < N; ++r) {
-    const __m256 sum = _mm256_set1_ps(sums[r]);
-    for (int j = 0; j < D; j += 8)
-      _mm256_storeu_ps(out + r * out_stride + j, _mm256_div_ps(_mm256_load_ps(total[r] + j), sum));
+        _mm256_storeu_ps(total[r] + j, _mm256_add_ps(_mm256_loadu_ps(total[r] + j), _mm256_load_ps(acc[r] + j)));
   }
 }
 
-// A decode-only step: one tile per sequence and KV head, its query heads kDecodeRows at a time.
+// Parts each sequence's context is cut into, for every KV head, on a decode-only step: where its
+// tiles (sequence by KV head) are few and do not share out evenly among the threads, as SmolLM2's
+// three KV heads at batch 1 on two threads (one thread would read two thirds of the cache), enough
+// parts of whole blocks that every thread reads as much; their softmaxes are merged after.
+inline int64_t decode_parts(int64_t tiles, int64_t threads) {
+  return tiles < 4 * threads ? threads / std::gcd(tiles, threads) : 1;
+}
+
+// One query head's part of a context cut in parts: its outputs over the part's keys, not yet
+// divided, with its softmax.
+template <int D>
+struct Partial {
+  Softmax softmax;
+  float total[D];
+};
+
+// The outputs of a query head from its parts: each part's sum and outputs scaled to the largest
+// shift of all (a part with no keys weighs nothing), then divided.
+template <int D>
+void merge(const Partial<D>* parts, int64_t count, float* out) {
+  float shift = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < count; ++p) shift = std::max(shift, parts[p].softmax.shift);
+  float sum = 0, total[D] = {};
+  for (int64_t p = 0; p < count; ++p) {
+    if (parts[p].softmax.sum == 0) continue;
+    const float weight = std::exp(parts[p].softmax.shift - shift);
+    sum += weight * parts[p].softmax.sum;
+    for (int j = 0; j < D; ++j) total[j] += weight * parts[p].total[j];
+  }
+  for (int j = 0; j < D; ++j) out[j] = total[j] / sum;
+}
+
+// A decode-only step: one tile per sequence and KV head, its query heads kDecodeRows at a time, its
+// context in `decode_parts` parts.
 template <int D>
 void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache,
                     const at::Tensor& value_cache, const Step& step, float scale, const at::Tensor& block_table,
                     int64_t widest) {
-  const int64_t kv_heads = key_cache.size(1), group = query.size(1) / kv_heads;
-  const int64_t tiles = step.sequences * kv_heads;
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tiles);
+  const int64_t kv_heads = key_cache.size(1), heads = query.size(1), group = heads / kv_heads;
+  const int64_t block_size = key_cache.size(2), tiles = step.sequences * kv_heads;
+  const int64_t parts = decode_parts(tiles, at::get_num_threads()), items = tiles * parts;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), items);
+  std::vector<Partial<D>> partials(parts > 1 ? step.sequences * heads * parts : 0);  // by sequence, head, part
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kDecodeRows * widest);
     for (int64_t thread = begin; thread < end; ++thread)
-      for (int64_t i = thread; i < tiles; i += threads) {
-        const int64_t s = i / kv_heads, g = i % kv_heads, count = step.lengths[s];
+      for (int64_t i = thread; i < items; i += threads) {
+        const int64_t s = i / parts / kv_heads, g = i / parts % kv_heads, part = i % parts, count = step.lengths[s];
+        const int64_t blocks = (count + block_size - 1) / block_size;
+        const int64_t first = part * blocks / parts * block_size;
+        const int64_t last = std::min<int64_t>(count, (part + 1) * blocks / parts * block_size);
         const Cache cache{key_cache.data_ptr<float>() + g * key_cache.stride(1),
                           value_cache.data_ptr<float>() + g * value_cache.stride(1), key_cache.stride(0),
-                          block_table.data_ptr<int32_t>() + s * block_table.stride(0), key_cache.size(2)};
+                          block_table.data_ptr<int32_t>() + s * block_table.stride(0), block_size};
         for (int64_t h = g * group; h < (g + 1) * group; h += kDecodeRows) {
           const float* q = query.data_ptr<float>() + step.starts[s] * query.stride(0) + h * query.stride(1);
           float* o = output.data_ptr<float>() + step.starts[s] * output.stride(0) + h * output.stride(1);
           with_rows<kDecodeRows>(std::min<int64_t>(kDecodeRows, (g + 1) * group - h), [&](auto rows) {
             constexpr int N = decltype(rows)::value;
-            decode_scores<D, N>(q, query.stride(1), cache, count, scale, scores.data(), widest);
-            float sums[N];
-            for (int r = 0; r < N; ++r) sums[r] = softmax_row(scores.data() + r * widest, count, count);
-            decode_values<D, N>(scores.data(), widest, cache, count, sums, o, output.stride(1));
+            Softmax softmax[N];
+            alignas(32) float total[N][D] = {};
+            for (int r = 0; r < N; ++r) softmax[r] = {-std::numeric_limits<float>::infinity(), 0};
+            if (first < last) {
+              decode_scores<D, N>(q, query.stride(1), cache, first, last, scale, scores.data(), widest);
+              for (int r = 0; r < N; ++r) softmax[r] = softmax_row(scores.data() + r * widest + first, last - first, last - first);
+              decode_values<D, N>(scores.data(), widest, cache, first, last, total);
+            }
+            for (int r = 0; r < N; ++r) {
+              if (parts == 1) {
+                for (int j = 0; j < D; ++j) o[r * output.stride(1) + j] = total[r][j] / softmax[r].sum;
+                continue;
+              }
+              Partial<D>& partial = partials[((s * heads) + h + r) * parts + part];
+              partial.softmax = softmax[r];
+              std::copy(total[r], total[r] + D, partial.total);
+            }
           });
         }
       }
   });
+  for (int64_t row = 0; parts > 1 && row < step.sequences * heads; ++row)
+    merge<D>(&partials[row * parts], parts,
+             output.data_ptr<float>() + step.starts[row / heads] * output.stride(0) + row % heads * output.stride(1));
 }
 
 template <int D>

@@ -43,10 +43,12 @@ MIN_QUERIES = kernels.ATTENTION_MIN_QUERIES  # a step is the kernel's when one o
 # Shapes a new build is checked on: SmolLM2-135M's heads, Qwen2.5-Coder-0.5B's and -1.5B's; each
 # with (queries, sequence length) per request: a prompt, a prompt after a cached prefix, a prompt
 # beside decodes (a mixed step), short ones; decodes alone (the AVX2 kernel's; handed over in Python
-# by the other), 16 decodes; and two 15-token chunks (handed to vLLM's kernel by the kernel).
+# by the other), one decode (its context cut in parts where the KV heads do not share out evenly
+# among the threads), one over a single block, 16 decodes; and two 15-token chunks (handed to vLLM's
+# kernel by the kernel).
 CHECKED_HEADS = ((9, 3, 64), (14, 2, 64), (12, 2, 128))
 CHECKED_REQUESTS = (((300, 300),), ((200, 700),), ((1, 500), (1, 90), (40, 40)), ((16, 16), (3, 130), (17, 33)),
-                    ((1, 800), (1, 129)), ((1, 200),) * 16, ((15, 100), (15, 300)))
+                    ((1, 800), (1, 129)), ((1, 1000),), ((1, 100),), ((1, 200),) * 16, ((15, 100), (15, 300)))
 # What it does not do, on a prompt: handed to vLLM's kernel with vLLM's bits out.
 HANDED_OVER = ({"sliding_window": 64}, {"softcap": 30.0})
 
