@@ -58,6 +58,8 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     "llmopt, vLLM's attention": (LLMOPT.model_copy(update={"attention_kernel": "vllm"}), {}, None),
     # the compiled graph run by vLLM's default Python wrapper, not Inductor's C++ one
     "llmopt, Inductor's Python wrapper": (LLMOPT.model_copy(update={"compilation": PYTHON_WRAPPER}), {}, None),
+    # and Inductor's C++ wrapper where llmopt's choice is the Python one (x86 without AVX-512)
+    "llmopt, Inductor's C++ wrapper": (LLMOPT.model_copy(update={"compilation": CompilationConfig(wrapper="cpp")}), {}, None),
     # activations and unquantized weights in bf16 or in float32, whichever the processor's default is not
     "llmopt, bfloat16": (LLMOPT.model_copy(update={"dtype": "bfloat16"}), {}, None),
     "llmopt, float32": (LLMOPT.model_copy(update={"dtype": "float32"}), {}, None),

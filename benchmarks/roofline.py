@@ -89,6 +89,9 @@ def main() -> None:
     args = parser.parse_args()
     if unknown := [kind for kind in args.kinds if kind not in KINDS]:
         parser.error(f"no row named {', '.join(unknown)}")
+    if Path(args.out).name != args.out:  # before the run, not after it
+        parser.error(f"--out takes a file name in {RESULTS.parent}, not a path: {args.out}")
+    out = RESULTS.with_name(args.out)
     hardware = platform.detect()
     rows, built = [], {}
     for kind in args.kinds or KINDS:
@@ -137,7 +140,6 @@ def main() -> None:
                                   "accepted_length": round(speculation.accepted_length, 2) if speculation else None,
                                   "proposed": round(speculation.proposed, 2) if speculation else None}
         rows.append(row)
-    out = RESULTS.with_name(args.out)
     out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_label, "cores": hardware.cores,
                                "cpu_flags_amx": hardware.has_amx, "rounds": args.rounds,
                                "machine": asdict(rates), "machine_rounds": [asdict(r) for r in measured],

@@ -14,7 +14,7 @@ by the matmul rate. Writes benchmarks/results/step_profile.json; with `--kernels
 (unset: llmopt's choice here), that linear-kernel choice (`EngineConfig.linear_kernels`) into
 step_profile_<kernels>.json; `--model` takes an artifact's folder (a quantized one) too.
 
-    .venv/bin/python benchmarks/step_profile.py [--model M] [--kernels K] [--out FILE]
+    .venv/bin/python benchmarks/step_profile.py [--model M] [--kernels K] [--wrapper cpp|python] [--out FILE]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llmopt import EngineConfig, roofline, sources
+from llmopt.engine.config import CompilationConfig
 from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, compile_cache, kernels, platform, prefill_attention,
                            small_batch_linear, vllm, weight_only_int8_linear)
 from phase_timer.phase_timer import PHASES, Timer
@@ -55,7 +56,7 @@ def phases(timer: Timer, run: Callable[[], None], steps: int) -> dict[str, float
     return {name: found[name]["wall_ms"] for _, name in PHASES}
 
 
-def main(model: str, kernels: str | None, out: Path) -> None:
+def main(model: str, kernels: str | None, wrapper: str | None, out: Path) -> None:
     import torch
     from vllm import LLM, SamplingParams
 
@@ -71,7 +72,7 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     timer.install(import_modules=True)
     # no prefix caching: the prefill profile sends one prompt again and again
     # in the dtype llmopt serves here (float32 on x86 without AVX-512, where vLLM's bf16 matmul crawls)
-    llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False, compilation_config=compilation_config(),
+    llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False, compilation_config=compilation_config(wrapper),
               dtype=platform.default_dtype(platform.detect()))
     short = "Write a story about a cat. " * 2
     # the built-in QA workload's first request, as the chat template renders it: a real prefill
@@ -130,24 +131,28 @@ def main(model: str, kernels: str | None, out: Path) -> None:
     print(f"\nwrote {out}")
 
 
-def compilation_config() -> dict[str, object] | None:
-    """vLLM's compilation config as llmopt renders it here (Inductor's C++ wrapper on CPU), which
-    the environment `in_engine_environment` sets goes with: the two are chosen together."""
-    return vllm.engine_kwargs(EngineConfig(max_model_len=2048), platform.detect()).get("compilation_config")
+def compilation_config(wrapper: str | None = None) -> dict[str, object] | None:
+    """vLLM's compilation config as llmopt renders it here with the graph's `wrapper` (None: llmopt's
+    choice), which the environment `in_engine_environment` sets goes with: the two are chosen together."""
+    return vllm.engine_kwargs(_settings(None, wrapper), platform.detect()).get("compilation_config")
 
 
-def in_engine_environment(chosen: str | None) -> None:
+def _settings(chosen: str | None, wrapper: str | None) -> EngineConfig:
+    return EngineConfig(max_model_len=2048, linear_kernels=chosen, compilation=CompilationConfig(wrapper=wrapper))
+
+
+def in_engine_environment(chosen: str | None, wrapper: str | None = None) -> None:
     """Runs this script again, unless it already runs so, in the environment llmopt gives the engine
     here with the linear kernels `chosen` (None: llmopt's choice), with compiled code of its own for
     each choice and kernel build: the kernels are ops in the graph, and vLLM's key for its saved
     model does not know them (llmopt's compile cache does, `compile_cache.linear_build`)."""
-    engine_env = vllm.environment(EngineConfig(max_model_len=2048, linear_kernels=chosen), platform.detect())
+    engine_env = vllm.environment(_settings(chosen, wrapper), platform.detect())
     unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
                                avx2_int8_linear.ENV, avx2_bf16_linear.ENV, weight_only_int8_linear.ENV) if name not in engine_env]
     if any(os.environ.get(name) != value for name, value in engine_env.items()) or any(n in os.environ for n in unset):
         clean = {k: v for k, v in os.environ.items() if k not in unset}
         build = compile_cache.linear_build(EngineConfig(linear_kernels=chosen), platform.detect())
-        cache = Path.home() / ".cache" / "llmopt-step-profile" / build.replace(" ", "-")
+        cache = Path.home() / ".cache" / "llmopt-step-profile" / (build.replace(" ", "-") + (f"-{wrapper}" if wrapper else ""))
         os.execve(sys.executable, [sys.executable, *sys.argv], clean | engine_env | {
             "TQDM_DISABLE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
 
@@ -156,7 +161,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=MODEL, help="a catalogued or imported model, or an artifact's folder")
     parser.add_argument("--kernels", choices=("packed", "llmopt", "vllm"), help="the linear kernels (unset: llmopt's choice here)")
+    parser.add_argument("--wrapper", choices=("cpp", "python"), help="Inductor's wrapper of the graph (unset: llmopt's choice here)")
     parser.add_argument("--out", type=Path, help="the JSON to write (default: results/step_profile[_KERNELS].json)")
     args = parser.parse_args()
-    in_engine_environment(args.kernels)
-    main(args.model, args.kernels, args.out or (RESULTS.with_name(f"step_profile_{args.kernels}.json") if args.kernels else RESULTS))
+    in_engine_environment(args.kernels, args.wrapper)
+    main(args.model, args.kernels, args.wrapper, args.out or (RESULTS.with_name(f"step_profile_{args.kernels}.json") if args.kernels else RESULTS))

@@ -276,6 +276,17 @@ def test_unreadable_sweep_workload_is_refused(smol: sources.Model, tmp_path: Pat
     _refused(smol.id, Recipe(speculative=NGram(sweep=sweep)), "speculative.sweep.dataset", "mine.jsonl")
 
 
+def test_a_missing_calibration_set_is_refused_before_the_model_is_imported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing a GGUF can take minutes: a recipe's own files are read first."""
+    def imported(model: str) -> None:
+        raise AssertionError(f"'{model}' was imported before the recipe's files were checked")
+
+    monkeypatch.setattr(sources, "resolve", imported)
+    recipe = Recipe(quantization=SmoothQuant(calibration=Calibration(dataset=str(tmp_path / "mine.jsonl"))))
+    with pytest.raises(LlmoptError, match="calibration: .*mine.jsonl"):
+        llmopt.optimize(str(tmp_path / "big.gguf"), recipe)
+
+
 def test_a_missing_model_is_refused_and_the_name_stays_free(smol: sources.Model) -> None:
     _refused("/no/such/model", Recipe(), "does not exist", name="free-name")
     with pytest.raises(LlmoptError, match="no job named 'free-name'"):

@@ -253,14 +253,13 @@ def default_dtype(hw: Hardware) -> str:
 
 
 def default_graph_wrapper(hw: Hardware) -> str:
-    """Inductor's C++ wrapper on CPUs with AVX-512: there vLLM runs its compiled graph as a Python
-    function of about 300 kernel and op calls a decode step; from C++, SmolLM2-135M's bf16 decoded
-    1.07-1.08x faster served at batch 1 in each of three alternating rounds on Zen 5. On x86 without
-    AVX-512 (float32 there) the Python wrapper: on a Zen 3 EPYC the two decoded alike within the
-    noise of two rounds (medians 27.9 and 25.5 tokens/s at batch 1, 111 both at 8), and a cold
-    compile took 142 s against 192 (benchmarks/README.md, "engine_cpu_settings.py"). On GPUs vLLM
-    replays CUDA graphs, and the Python wrapper stays."""
-    return "cpp" if hw.device == "cpu" and not hw.x86_without_avx512 else "python"
+    """Inductor's C++ wrapper on CPUs: there vLLM runs its compiled graph as a Python function of
+    about 300 kernel and op calls a decode step; from C++, SmolLM2-135M's bf16 decoded 1.07-1.08x
+    faster served at batch 1 in each of three alternating rounds on Zen 5, and on a Zen 3 EPYC
+    (AVX2, float32) 1.09x at batch 8 by the medians of six rounds, ahead in each, level at batch 1,
+    for a cold compile about 50 s longer (benchmarks/README.md, "engine_cpu_settings.py"). On GPUs
+    vLLM replays CUDA graphs, and the Python wrapper stays."""
+    return "cpp" if hw.device == "cpu" else "python"
 
 
 def kernels_build(hw: Hardware) -> str:

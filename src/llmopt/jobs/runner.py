@@ -81,6 +81,7 @@ def create(model: str, recipe: Any, name: str | None = None, output: str | Path 
         output_dir = Path(output).expanduser().resolve() if output else paths.artifacts_dir(create=False) / name
         _check_output(output_dir)
     runs_on = executors.choose(executor, ray_address)
+    techniques.check_inputs(recipe)
     source = sources.resolve(model)
     hardware = platform.detect()
     model_check.attends_here(Path(source.path), hardware)

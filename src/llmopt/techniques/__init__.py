@@ -53,6 +53,12 @@ def engine(recipe: Any, base: EngineConfig | None = None) -> EngineConfig:
     return EngineConfig.model_validate(config.model_dump())  # copies skip validation: the sections together must hold
 
 
+def check_inputs(recipe: Any) -> None:
+    """The files the recipe names (a calibration set), before any model is imported."""
+    for technique, spec in active(recipe):
+        technique.check_inputs(spec)
+
+
 def check(recipe: Any, target: Model, hardware: Hardware) -> compatibility.Verdict:
     """Every section against the matrix, then its technique's own checks, for this model and machine."""
     ctx = _context(recipe, target, hardware)

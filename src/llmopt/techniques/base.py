@@ -108,6 +108,10 @@ class Technique:
         """The engine settings this section sets, known before anything is built."""
         return engine
 
+    def check_inputs(self, spec: Any) -> None:
+        """The user's files this section reads, checked before a job imports its model (an import
+        can take minutes) or records anything: raise LlmoptError."""
+
     def check(self, spec: Any, ctx: CheckContext) -> None:
         """Rules that need the model or the machine: add refusals or warnings to ctx.verdict."""
 

@@ -110,6 +110,13 @@ class QuantizationTechnique(Technique):
     def names(self, spec: Quantization) -> list[str]:
         return [schemes.name(spec)]
 
+    def check_inputs(self, spec: Quantization) -> None:
+        if schemes.needs_calibration(spec):
+            try:
+                calibration.check(spec.calibration)  # type: ignore[union-attr]
+            except LlmoptError as exc:
+                raise LlmoptError(f"calibration: {exc.problem}", exc.fix) from None
+
     def check(self, spec: Quantization, ctx: CheckContext) -> None:
         """Not already quantized; the group or block size fits the layer shapes; it fits in memory."""
         already = ctx.config.get("quantization_config")
@@ -126,11 +133,10 @@ class QuantizationTechnique(Technique):
             return
         if fitted.note:
             ctx.verdict.warnings.append(fitted.note)
-        if schemes.needs_calibration(spec):
-            try:
-                calibration.check(spec.calibration)  # type: ignore[union-attr]
-            except LlmoptError as exc:
-                ctx.verdict.refusals.append(f"calibration: {exc.problem}; {exc.fix}")
+        try:
+            self.check_inputs(spec)
+        except LlmoptError as exc:
+            ctx.verdict.refusals.append(f"{exc.problem}; {exc.fix}")
         refusal = check_memory(spec, ctx.config, ctx.target.size_bytes, calibration_dtype(ctx.hardware))
         if refusal:
             ctx.verdict.refusals.append(refusal)
