@@ -71,7 +71,8 @@ class CompilationConfig(_Settings):
         description="How the compiled graph calls its kernels and ops each step: 'python', vLLM's default (a Python "
         "function of about 300 calls a step), or 'cpp', Inductor's C++ wrapper (the graph's calls from C++; vLLM's "
         "custom ops then name their layers by plain strings, VLLM_USE_LAYERNAME=0, and a cold compile takes "
-        "25-50 s longer); unset: chosen from the machine (cpp on CPUs, python on GPUs, where vLLM replays CUDA graphs).",
+        "25-50 s longer); unset: chosen from the machine (cpp on CPUs with AVX-512, python on AVX2 ones, where served it "
+        "read faster for bf16 and slower for SmoothQuant, and on GPUs, where vLLM replays CUDA graphs).",
     )
 
 

@@ -253,13 +253,15 @@ def default_dtype(hw: Hardware) -> str:
 
 
 def default_graph_wrapper(hw: Hardware) -> str:
-    """Inductor's C++ wrapper on CPUs: there vLLM runs its compiled graph as a Python function of
-    about 300 kernel and op calls a decode step; from C++, SmolLM2-135M's bf16 decoded 1.07-1.08x
-    faster served at batch 1 in each of three alternating rounds on Zen 5, and on a Zen 3 EPYC
-    (AVX2, float32) 1.09x at batch 8 by the medians of six rounds, ahead in each, level at batch 1,
-    for a cold compile about 50 s longer (benchmarks/README.md, "engine_cpu_settings.py"). On GPUs
-    vLLM replays CUDA graphs, and the Python wrapper stays."""
-    return "cpp" if hw.device == "cpu" else "python"
+    """Inductor's C++ wrapper on CPUs with AVX-512: there vLLM runs its compiled graph as a Python
+    function of about 300 kernel and op calls a decode step; from C++, SmolLM2-135M's bf16 decoded
+    1.07-1.08x faster served at batch 1 in each of three alternating rounds on Zen 5. On x86 without
+    AVX-512 (float32 there) the Python wrapper: on a Zen 3 EPYC the C++ one took 1.3 ms off a
+    batch-1 step's graph offline, but served it read 1.09x at batch 8 for bf16 and 0.93x for
+    SmoothQuant (each in every round), 0.95-0.97x at batch 1, and a cold compile took about 50 s
+    longer (benchmarks/README.md, "engine_cpu_settings.py"). On GPUs vLLM replays CUDA graphs, and
+    the Python wrapper stays."""
+    return "cpp" if hw.device == "cpu" and not hw.x86_without_avx512 else "python"
 
 
 def kernels_build(hw: Hardware) -> str:
