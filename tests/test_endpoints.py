@@ -279,9 +279,9 @@ def test_linear_kernels_are_chosen_from_the_processor(flags: tuple[str, ...], en
     (("avx2", "avx512f"), EngineConfig(compilation=CompilationConfig(mode="eager", wrapper="cpp")), None),
 ])
 def test_the_graph_wrapper_on_cpu_and_what_it_takes(flags: tuple[str, ...], engine: EngineConfig, wrapper: str | None) -> None:
-    """Inductor's C++ wrapper by default on CPUs with AVX-512 (Python's on AVX2, where served it
-    did not pay for both bf16 and SmoothQuant); it passes no Python object to an op, so vLLM's ops
-    then name their layers by plain strings. An eager model has no graph to wrap."""
+    """Inductor's C++ wrapper by default on CPUs with AVX-512 (Python's on AVX2: served there, the
+    C++ one read faster for bf16 and slower for SmoothQuant); it passes no Python object to an op,
+    so vLLM's ops then name their layers by plain strings. An eager model has no graph to wrap."""
     hw = platform.Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=flags, gpu=None)
     assert vllm.graph_wrapper(engine, hw) == wrapper
     argv = vllm.flags(engine, "m", hw=hw)
