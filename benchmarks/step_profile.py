@@ -143,16 +143,18 @@ def _settings(chosen: str | None, wrapper: str | None) -> EngineConfig:
 
 def in_engine_environment(chosen: str | None, wrapper: str | None = None) -> None:
     """Runs this script again, unless it already runs so, in the environment llmopt gives the engine
-    here with the linear kernels `chosen` (None: llmopt's choice), with compiled code of its own for
-    each choice and kernel build: the kernels are ops in the graph, and vLLM's key for its saved
-    model does not know them (llmopt's compile cache does, `compile_cache.linear_build`)."""
-    engine_env = vllm.environment(_settings(chosen, wrapper), platform.detect())
+    here with the linear kernels `chosen` and the graph's `wrapper` (None: llmopt's choices), with
+    compiled code of its own for each kernel choice, kernel build and wrapper: the kernels are ops in
+    the graph, and vLLM's key for its saved model does not know them (llmopt's compile cache does,
+    `compile_cache.linear_build`)."""
+    settings, hw = _settings(chosen, wrapper), platform.detect()
+    engine_env = vllm.environment(settings, hw)
     unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
                                avx2_int8_linear.ENV, avx2_bf16_linear.ENV, weight_only_int8_linear.ENV) if name not in engine_env]
     if any(os.environ.get(name) != value for name, value in engine_env.items()) or any(n in os.environ for n in unset):
         clean = {k: v for k, v in os.environ.items() if k not in unset}
-        build = compile_cache.linear_build(EngineConfig(linear_kernels=chosen), platform.detect())
-        cache = Path.home() / ".cache" / "llmopt-step-profile" / (build.replace(" ", "-") + (f"-{wrapper}" if wrapper else ""))
+        build = f"{compile_cache.linear_build(settings, hw)} {vllm.graph_wrapper(settings, hw)}"
+        cache = Path.home() / ".cache" / "llmopt-step-profile" / build.replace(" ", "-")
         os.execve(sys.executable, [sys.executable, *sys.argv], clean | engine_env | {
             "TQDM_DISABLE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
 
