@@ -21,10 +21,10 @@ import statistics
 import time
 from pathlib import Path
 
+import results_file
 from step_profile import compilation_config, in_engine_environment
 
 MODEL = "smollm2-135m-instruct"
-RESULTS = Path(__file__).parent / "results"
 CALLS = 20_000
 STEPS = 128
 BATCHES = (1, 8)
@@ -138,7 +138,7 @@ def main(rounds: int, out: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=RESULTS / "attention_calls.json")
+    results_file.add_out(parser, "attention_calls.json")
     args = parser.parse_args()
     in_engine_environment(None)
     main(args.rounds, args.out)

@@ -20,13 +20,13 @@ import statistics
 import time
 from pathlib import Path
 
+import results_file
 from llmopt import roofline, sources
 from llmopt.engine import platform
 from step_profile import compilation_config, in_engine_environment
 
 MODEL = "smollm2-135m-instruct"
 STEPS = 32  # decode steps a pair: about a third of a second, inside one bandwidth level
-RESULTS = Path(__file__).parent / "results"
 LEVELS_APART = 0.15  # two levels' means at least this share of the readings' median apart, or one level
 
 
@@ -110,9 +110,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=MODEL, help="a catalogued or imported model, or an artifact's folder")
     parser.add_argument("--pairs", type=int, default=120, help="bandwidth readings and decode runs, in turn")
-    parser.add_argument("--out", default="bandwidth_phases.json", help="the results file's name in results/")
+    results_file.add_out(parser, "bandwidth_phases.json")
     args = parser.parse_args()
     if args.pairs < 2:
         parser.error("--pairs takes at least 2")
     in_engine_environment(None)
-    main(args.model, args.pairs, RESULTS / args.out)
+    main(args.model, args.pairs, args.out)

@@ -20,6 +20,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import results_file
 from llmopt import recipe as recipes
 from llmopt import sources
 from llmopt.engine import platform
@@ -27,13 +28,12 @@ from llmopt.techniques import quantization
 
 MODEL = "smollm2-135m-instruct"
 DTYPES = ("bfloat16", "float32")
-RESULTS = Path(__file__).parent / "results" / "calibration_dtype.json"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1, help="quantize in each dtype this many times, in turn")
-    parser.add_argument("--out", default=RESULTS.name, help="the results file's name in results/")
+    results_file.add_out(parser, "calibration_dtype.json")
     args = parser.parse_args()
     hardware = platform.detect()
     source = sources.resolve(MODEL)
@@ -51,7 +51,7 @@ def main() -> None:
     print(f"\n{hardware.cpu_label}, {hardware.cores} cores; built-in SmoothQuant on {MODEL}, medians of {args.rounds}")
     for dtype in DTYPES:
         print(f"{dtype:<10} {medians[dtype]:>8.1f} s ({medians['bfloat16'] / medians[dtype]:.2f}x bf16's speed)")
-    (RESULTS.with_name(args.out)).write_text(json.dumps(
+    args.out.write_text(json.dumps(
         {"cpu": hardware.cpu_label, "cpu_flags": hardware.cpu_flags, "cores": hardware.cores, "model": MODEL,
          "recipe": q.model_dump(mode="json"), "rounds": args.rounds, "seconds": seconds, "median_seconds": medians,
          "served_dtype_here": platform.default_dtype(hardware)}, indent=2) + "\n")

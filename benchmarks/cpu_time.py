@@ -22,6 +22,7 @@ from pathlib import Path
 from unittest import mock
 
 import llmopt
+import results_file
 from decode_profile import server_pids
 from engine_cpu_settings import LLMOPT, ROWS
 from llmopt.engine import vllm
@@ -107,7 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", nargs="*", help="labels of engine_cpu_settings.py's rows (default: llmopt's choice)")
     parser.add_argument("--repeat", type=int, default=1, help="take the rows in turn this many times")
-    parser.add_argument("--out", default="cpu_time.json", help="the results file's name in results/")
+    results_file.add_out(parser, "cpu_time.json")
     args = parser.parse_args()
     labels = args.rows or ["llmopt (0 reserved, preload, no worker)"]
     rows = [measure(label) for _ in range(args.repeat) for label in labels]
@@ -122,10 +123,9 @@ def main() -> None:
                 print(f"  {role[:58]:<58} {r['threads']:>3} {r['cpu_ms']:>8.3f} {r['run_ms']:>8.3f} {r['waited_ms']:>10.3f} {r['runs']:>6.2f}")
     medians = {label: {f"c{level}": statistics.median(r[f"c{level}"]["out_tok_s"] for r in rows if r["config"] == label)
                        for level in LEVELS} for label in labels}
-    out = Path(__file__).parent / "results" / args.out
-    out.write_text(json.dumps({"model": MODEL, "workload": f"synthetic:{PROMPT_TOKENS},{OUTPUT_TOKENS}",
+    args.out.write_text(json.dumps({"model": MODEL, "workload": f"synthetic:{PROMPT_TOKENS},{OUTPUT_TOKENS}",
                                "cores": sorted(os.sched_getaffinity(0)), "rows": rows, "medians": medians}, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

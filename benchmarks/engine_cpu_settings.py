@@ -35,6 +35,7 @@ from unittest import mock
 import psutil
 
 import llmopt
+import results_file
 from decode_profile import server_pids
 from llmopt import EngineConfig
 from llmopt.engine import kernels, platform, vllm
@@ -178,8 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", nargs="*", help="labels of the rows to run (default: every row once)")
     parser.add_argument("--repeat", type=int, default=1, help="take the rows in turn this many times (medians reported)")
-    parser.add_argument("--out", help="the results file's name in results/ (default: engine_cpu_settings.json for every "
-                                      "row once, engine_cpu_settings_repeat.json otherwise)")
+    results_file.add_out(parser, None, "engine_cpu_settings.json for every row once, engine_cpu_settings_repeat.json otherwise")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="an imported model or catalogue id")
     parser.add_argument("--kernel", metavar="PATH", help=f"adds the row '{OTHER_KERNEL}': llmopt's choice with the kernel "
                                                          "library at PATH (another build of `engine.kernels`, both kernels in it, kept before a change)")
@@ -204,9 +204,8 @@ def main() -> None:
     if args.repeat > 1:
         for label, median in medians.items():
             print(f"median of {args.repeat}: {label:<40} " + "  ".join(f"{k} {v}" for k, v in median.items()))
-    out = Path(__file__).parent / "results" / (args.out or ("engine_cpu_settings.json" if not args.rows and args.repeat == 1
-                                                            else "engine_cpu_settings_repeat.json"))
-    out.parent.mkdir(exist_ok=True)
+    out = args.out or results_file.RESULTS / ("engine_cpu_settings.json" if not args.rows and args.repeat == 1
+                                              else "engine_cpu_settings_repeat.json")
     out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": args.model, "workload": args.workload,
                                "cores": CORES, "rows": rows,
                                "medians": medians}, indent=2))

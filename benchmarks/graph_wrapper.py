@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from pathlib import Path
 from unittest import mock
 
+import results_file
 from engine_cpu_settings import LEVELS, deploy_and_measure
 from llmopt.engine import platform
 
@@ -26,10 +26,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a catalogued or imported model, or an artifact's folder")
     parser.add_argument("--repeat", type=int, default=3, help="take the two wrappers in turn this many times")
-    parser.add_argument("--out", default="graph_wrapper.json", help="the results file's name in results/")
+    results_file.add_out(parser, "graph_wrapper.json")
     args = parser.parse_args()
-    if Path(args.out).name != args.out:
-        parser.error(f"--out takes a file name in results/, not a path: {args.out}")
     rows = []
     for _ in range(args.repeat):
         for wrapper in WRAPPERS:
@@ -42,10 +40,9 @@ def main() -> None:
                    for level in LEVELS} for w in WRAPPERS}
     for w, median in medians.items():
         print(f"median of {args.repeat}, {w} wrapper: " + "  ".join(f"{k} {v}" for k, v in median.items()))
-    out = Path(__file__).parent / "results" / args.out
-    out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": args.model, "rows": rows,
-                               "medians": medians}, indent=2) + "\n")
-    print(f"wrote {out}")
+    args.out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": args.model, "rows": rows,
+                                    "medians": medians}, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

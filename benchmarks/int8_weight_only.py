@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import llmopt
+import results_file
 from llmopt import serving
 from llmopt.engine import platform
 from llmopt.engine.config import EngineConfig
@@ -40,7 +41,6 @@ RECIPE = {"name": "smoothquant-quick", "quantization": {
 CASES = {"batch 1": (1, 6), "batch 8": (8, 16)}  # concurrency, requests
 KERNELS = {"SmoothQuant, oneDNN W8A8": "vllm", "SmoothQuant, weight-only int8": "weight_only",
            "SmoothQuant, llmopt AVX2 W8A8": "llmopt"}  # row: linear_kernels
-RESULTS = Path(__file__).parent / "results" / "int8_weight_only.json"
 
 
 def measure(spec: serving.ServingSpec, quality: bool) -> dict[str, float]:
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="serve and measure every row this many times, in turn")
     parser.add_argument("--rows", nargs="+", choices=[*KERNELS.values(), "all"], default=["all"],
                         help="the linear kernels of the SmoothQuant rows served beside the float32 source (oneDNN's, vllm, is slow: about 4 min a round)")
-    parser.add_argument("--out", default=RESULTS.name, help="the results file's name in results/")
+    results_file.add_out(parser, "int8_weight_only.json")
     args = parser.parse_args()
     hardware = platform.detect()
     job = llmopt.optimize(MODEL, RECIPE)
@@ -95,7 +95,7 @@ def main() -> None:
                       "perplexity": perplexity, "perplexity_increase": round(increase, 4)})
         cells = " ".join(f"{speeds[case]:>8.1f} ({speeds[case] / base[case]:.2f}x)" for case in CASES)
         print(f"{label:<32} {cells} {perplexity:>9.3f} ({increase:+.2%})")
-    (RESULTS.with_name(args.out)).write_text(json.dumps(
+    args.out.write_text(json.dumps(
         {"cpu": hardware.cpu_label, "cpu_flags": hardware.cpu_flags, "cores": hardware.cores, "artifact": Path(job.artifact).name,
          "recipe": RECIPE, "rounds": args.rounds, "rows": table}, indent=2))
 

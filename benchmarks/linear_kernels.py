@@ -26,16 +26,17 @@ is importable.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+import results_file
 from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, kernels, platform, small_batch_int8_linear, small_batch_linear,
                            vllm)
 from llmopt.engine.config import EngineConfig
@@ -250,22 +251,26 @@ def avx2_rows() -> list[dict]:
 
 
 def main() -> None:
-    hw = HW
-    engine_env = vllm.environment(EngineConfig(), hw)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--zentorch", action="store_true", help="bf16 layers on zentorch's kernel too (AMD processors; zentorch installed)")
+    results_file.add_out(parser, None, "linear_kernels.json; linear_kernels_avx2.json without AVX-512, linear_kernels_zentorch.json "
+                                       "with --zentorch")
+    args = parser.parse_args()
+    engine_env = vllm.environment(EngineConfig(), HW)
     if any(os.environ.get(name) != value for name, value in engine_env.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], os.environ | engine_env)
-    print(f"{hw.cpu_label}, {torch.get_num_threads()} threads, flags {' '.join(hw.cpu_flags)}")
-    if hw.x86_without_avx512:
-        out = Path(__file__).parent / "results" / (sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "linear_kernels_avx2.json")
-        out.write_text(json.dumps({"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(),
-                                   "cold_bytes": COLD_BYTES, "torch": torch.__version__, "rows": avx2_rows()}, indent=2))
+    print(f"{HW.cpu_label}, {torch.get_num_threads()} threads, flags {' '.join(HW.cpu_flags)}")
+    if HW.x86_without_avx512:
+        (args.out or results_file.RESULTS / "linear_kernels_avx2.json").write_text(json.dumps(
+            {"cpu": HW.cpu_label, "cpu_flags": HW.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,
+             "torch": torch.__version__, "rows": avx2_rows()}, indent=2))
         return
-    if not platform.packed_linear_supported(hw):
-        raise SystemExit(f"{hw.cpu_model} lacks AVX-512 BF16 or VNNI: vLLM's packed kernels do not run here")
-    small_batch_linear.use(kernels.build(platform.kernel_library(hw)))  # loads the library: both small-batch ops (with AMX, its build of the bf16 one)
-    if "--zentorch" in sys.argv[1:]:
-        (Path(__file__).parent / "results" / "linear_kernels_zentorch.json").write_text(json.dumps(
-            {"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,
+    if not platform.packed_linear_supported(HW):
+        raise SystemExit(f"{HW.cpu_model} lacks AVX-512 BF16 or VNNI: vLLM's packed kernels do not run here")
+    small_batch_linear.use(kernels.build(platform.kernel_library(HW)))  # loads the library: both small-batch ops (with AMX, its build of the bf16 one)
+    if args.zentorch:
+        (args.out or results_file.RESULTS / "linear_kernels_zentorch.json").write_text(json.dumps(
+            {"cpu": HW.cpu_label, "cpu_flags": HW.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,
              "zentorch": importlib.metadata.version("zentorch"), "rows": zentorch_rows()}, indent=2))
         return
     rows = []
@@ -290,9 +295,9 @@ def main() -> None:
             rows.append({"dtype": dtype, "rows": m, "layer": "a decode step", **{f"{k}_s": v for k, v in step.items() if v}})
             print(f"{dtype:<6} {m:>4} a decode step: oneDNN {step['onednn'] * 1e3:.2f} ms, packed {step['packed'] * 1e3:.2f} ms"
                   + (f", llmopt {step['llmopt'] * 1e3:.2f} ms ({step['packed'] / step['llmopt']:.2f}x packed)" if step["llmopt"] else ""))
-    out = Path(__file__).parent / "results" / (sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "linear_kernels.json")
-    out.write_text(json.dumps({"cpu": hw.cpu_label, "cpu_flags": hw.cpu_flags, "threads": torch.get_num_threads(),
-                               "cold_bytes": COLD_BYTES, "rows": rows}, indent=2))
+    (args.out or results_file.RESULTS / "linear_kernels.json").write_text(json.dumps(
+        {"cpu": HW.cpu_label, "cpu_flags": HW.cpu_flags, "threads": torch.get_num_threads(), "cold_bytes": COLD_BYTES,
+         "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -18,14 +18,13 @@ import argparse
 import dataclasses
 import json
 import statistics
-from pathlib import Path
 
 import llmopt
+import results_file
 from llmopt import serving
 from llmopt.engine import platform
 from llmopt.evaluation.results import EvaluationResults
 
-RESULTS = Path(__file__).parent / "results" / "prefill_attention.json"
 KERNELS = ("vllm", "llmopt")
 LEVELS = (1, 8)
 REQUESTS = 32
@@ -69,7 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", action="append", help="a catalogued model or an artifact folder (repeatable)")
     parser.add_argument("--repeat", type=int, default=1, help="deployments of each kernel per target, in ABBA order")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="the results file")
+    results_file.add_out(parser, "prefill_attention.json")
     args = parser.parse_args()
     hw = platform.detect()
     if not platform.prefill_attention_applies(hw):

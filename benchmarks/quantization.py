@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 import llmopt
+import results_file
 from llmopt import artifact
 from llmopt.engine import platform
 from llmopt.errors import LlmoptError
@@ -44,7 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("schemes", nargs="*", help=f"the rows to run besides bf16 (default: every one): {', '.join(SCHEMES)}")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default="quantization.json", help="the results file's name in results/")
+    results_file.add_out(parser, "quantization.json")
     args = parser.parse_args()
     if unknown := [name for name in args.schemes if name not in SCHEMES]:
         parser.error(f"no scheme named {', '.join(unknown)}")
@@ -92,12 +93,11 @@ def main() -> None:
               f"{row['perplexity']:>8} {100 * row['perplexity_increase']:>6.2f}% {row['weights_mb']:>6} {row['quantize_seconds'] or '':>8}")
     rows += [{"scheme": label, "refused": reason} for label, reason in refused.items()]
     hardware = platform.detect()
-    out = Path(__file__).parent / "results" / args.out
-    out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_label, "cores": hardware.cores,
+    args.out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_label, "cores": hardware.cores,
                                "cpu_flags_amx": hardware.has_amx,
                                "linear_kernels": platform.default_linear_kernels(hardware), "workload": WORKLOAD,
                                "rounds": args.rounds, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

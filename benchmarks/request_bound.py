@@ -4,7 +4,8 @@ each candidate, from the machine's rates, and the measured rows as fractions of 
 A request's time is at least its prefill plus its decoding. Its prefill does the multiply-adds of
 the prompt tokens the prefix cache does not hold (vLLM's 128-token blocks, simulated over the prompts
 the levels measured, in the order a pass sends them) at the machine's matmul rate:
-int8 for an INT8 artifact's linear layers, bf16 for the rest and for attention; the `lm_head` for
+int8 for an INT8 artifact's linear layers (the float rate where none was measured: no VNNI), the
+served float dtype's (bf16, or float32 on x86 without AVX-512) for the rest and for attention; the `lm_head` for
 the last position only. Each output token then takes a decode step at its bound: the weights and
 the KV cache read once at the machine's read bandwidth (`llmopt.roofline`). Speculation is not in
 the bound: at best it makes decoding free, which the "prefill alone" column gives.
@@ -27,12 +28,12 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llmopt import roofline, sources
-from llmopt.engine import platform
+import results_file
+from llmopt import artifact, roofline, sources
+from llmopt.engine import platform, vllm
 from llmopt.evaluation.levels import Plan
 from llmopt.evaluation.tokens import TokenCounter
 
-RESULTS = Path(__file__).parent / "results"
 BLOCK = 128  # vLLM's CPU KV-cache block: the prefix cache matches whole blocks
 BATCH = 8
 
@@ -64,31 +65,35 @@ class Model:
     head_int8: bool
 
     @classmethod
-    def of(cls, folder: Path) -> "Model":
+    def of(cls, folder: Path, hw: platform.Hardware) -> "Model":
+        """As the artifact is served here (float32 on x86 without AVX-512)."""
         config = json.loads((folder / "config.json").read_text())
         heads = config["num_attention_heads"]
         head = roofline.tensors(folder).get("lm_head.weight")
-        return cls(roofline.traffic(folder), config["num_hidden_layers"],
+        settings = artifact.load(folder).engine.settings
+        return cls(roofline.traffic(folder, vllm.dtype(settings, hw), vllm.holds_bf16_weights(settings, hw)), config["num_hidden_layers"],
                    heads * (config.get("head_dim") or config["hidden_size"] // heads), head is not None and head["dtype"] == "I8")
 
 
 def prefill_seconds(model: Model, rates: roofline.Rates, tokens: int, context: int) -> float:
     """`tokens` new positions after `context` cached ones: their linear layers (the `lm_head` for
-    the last one only), and causal attention (QK and PV) over every position before each, in bf16."""
+    the last one only), and causal attention (QK and PV) over every position before each, in the
+    served float dtype."""
     t = model.traffic
-    int8_rate, bf16_rate = (rates.int8_gflop_s or rates.bf16_gflop_s) * 1e9, rates.bf16_gflop_s * 1e9
-    head_rate = int8_rate if model.head_int8 else bf16_rate
+    float_rate, int8_rate = (1e9 * rate for rate in roofline.matmul_gflop_s(t, rates))
+    head_rate = int8_rate if model.head_int8 else float_rate
     body = ((t.macs_int8 - t.head_macs * model.head_int8) / int8_rate
-            + (t.macs_bf16 - t.head_macs * (not model.head_int8)) / bf16_rate)
+            + (t.macs_bf16 - t.head_macs * (not model.head_int8)) / float_rate)
     attended = tokens * context + tokens * (tokens + 1) / 2
-    return 2 * tokens * body + 2 * t.head_macs / head_rate + 2 * 2 * attended * model.attention_width * model.layers / bf16_rate
+    return 2 * tokens * body + 2 * t.head_macs / head_rate + 2 * 2 * attended * model.attention_width * model.layers / float_rate
 
 
-def bound(folder: Path, rates: roofline.Rates, prompts: list[list[int]], outputs: list[int]) -> dict[str, float]:
+def bound(folder: Path, hw: platform.Hardware, rates: roofline.Rates, prompts: list[list[int]],
+          outputs: list[int]) -> dict[str, float]:
     """Per request: its prefill, which yields the first token, then a decode step at the bound for
     each further one. At c=8 every prefill in turn and the answers decoded eight at a time: an
     estimate rather than a strict bound, since vLLM may fold prefill chunks into decode steps."""
-    model = Model.of(folder)
+    model = Model.of(folder, hw)
     prefill = [prefill_seconds(model, rates, new, len(ids) - new) for ids, new in zip(prompts, uncached(prompts))]
     step = [1 / roofline.bound_tokens_per_s(model.traffic, rates, 1, len(ids) + out // 2)[0] for ids, out in zip(prompts, outputs)]
     context = round(statistics.mean(len(ids) + out // 2 for ids, out in zip(prompts, outputs)))
@@ -104,7 +109,7 @@ def bound(folder: Path, rates: roofline.Rates, prompts: list[list[int]], outputs
 
 def main(model: str, out: Path) -> None:
     hw = platform.detect()
-    rec = json.loads((RESULTS / f"recommend-{model}-{hw.slug}" / "recommendation.json").read_text())
+    rec = json.loads((results_file.RESULTS / f"recommend-{model}-{hw.slug}" / "recommendation.json").read_text())
     rates = roofline.machine_rates(hw)
     spec = rec["spec"]
     # the prompts the levels measured: past the warm-ups, which go out under a cache salt of their own
@@ -123,7 +128,7 @@ def main(model: str, out: Path) -> None:
         c1, c8 = rows.get((candidate["name"], 1)), rows.get((candidate["name"], 8))
         if candidate["status"] != "done" or not (folder / "config.json").is_file() or not (c1 and c8):
             continue
-        b = bound(folder, rates, prompts, outputs)
+        b = bound(folder, hw, rates, prompts, outputs)
         found[candidate["name"]] = b | {
             "measured_ttft_p50_ms": c1["ttft_p50_ms"], "measured_tpot_p50_ms": c1["tpot_p50_ms"],
             "measured_per_user_c1": c1["tokens_per_s_per_user"], "measured_total_c8": c8["total_tokens_per_s"],
@@ -133,6 +138,7 @@ def main(model: str, out: Path) -> None:
         }
     cached = sum(map(len, prompts)) - sum(uncached(prompts))
     print(f"{model} on {hw.cpu_label}, {hw.cores} cores; rates: read {rates.read_gb_s} GB/s, bf16 {rates.bf16_gflop_s} GFLOP/s, "
+          f"fp32 {rates.fp32_gflop_s}, "
           f"int8 {rates.int8_gflop_s}; {len(prompts)} QA prompts measured, median {statistics.median(map(len, prompts)):.0f} tokens, "
           f"{cached} of {sum(map(len, prompts))} held by the prefix cache; "
           f"median answer {statistics.median(outputs)} tokens")
@@ -153,6 +159,6 @@ def main(model: str, out: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default="smollm2-135m-instruct")
-    parser.add_argument("--out", default="request_bound.json", help="the results file's name in results/")
+    results_file.add_out(parser, "request_bound.json")
     args = parser.parse_args()
-    main(args.model, RESULTS / args.out)
+    main(args.model, args.out)

@@ -33,6 +33,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import llmopt
+import results_file
 from llmopt import artifact
 from llmopt.engine import platform, vllm
 from llmopt.errors import LlmoptError
@@ -53,7 +54,6 @@ CASES = {  # name: (prompt tokens, concurrency, requests)
     "b1 ctx1000": (1000, 1, 6),
     "b16 short": (16, 16, 32),
 }
-RESULTS = Path(__file__).parent / "results" / "roofline.json"
 
 
 def achieved(folder: Path) -> dict[str, tuple[float, Speculation | None]]:
@@ -85,13 +85,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kinds", nargs="*", help=f"the rows to run (default: every one): {', '.join(KINDS)}")
     parser.add_argument("--rounds", type=int, default=1, help="deploy and measure every artifact this many times, in turn")
-    parser.add_argument("--out", default=RESULTS.name, help="the results file's name in results/")
+    results_file.add_out(parser, "roofline.json")
     args = parser.parse_args()
     if unknown := [kind for kind in args.kinds if kind not in KINDS]:
         parser.error(f"no row named {', '.join(unknown)}")
-    if Path(args.out).name != args.out:  # before the run, not after it
-        parser.error(f"--out takes a file name in {RESULTS.parent}, not a path: {args.out}")
-    out = RESULTS.with_name(args.out)
     hardware = platform.detect()
     rows, built = [], {}
     for kind in args.kinds or KINDS:
@@ -140,10 +137,10 @@ def main() -> None:
                                   "accepted_length": round(speculation.accepted_length, 2) if speculation else None,
                                   "proposed": round(speculation.proposed, 2) if speculation else None}
         rows.append(row)
-    out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_label, "cores": hardware.cores,
-                               "cpu_flags_amx": hardware.has_amx, "rounds": args.rounds,
-                               "machine": asdict(rates), "machine_rounds": [asdict(r) for r in measured],
-                               "output_tokens": OUTPUT_TOKENS, "rows": rows}, indent=2) + "\n")
+    args.out.write_text(json.dumps({"model": MODEL, "processor": hardware.cpu_label, "cores": hardware.cores,
+                                    "cpu_flags_amx": hardware.has_amx, "rounds": args.rounds,
+                                    "machine": asdict(rates), "machine_rounds": [asdict(r) for r in measured],
+                                    "output_tokens": OUTPUT_TOKENS, "rows": rows}, indent=2) + "\n")
     print(f"\n{'kind':<22} {'MB/token':>8} {'ppl +':>6} " + " ".join(f"{c + ' tok/s (bound, %, typical %)':>40}" for c in CASES))
     for row in rows:
         if "refused" in row:
@@ -153,7 +150,7 @@ def main() -> None:
                  + (f" x{c['accepted_length']}" if c["accepted_length"] else "") for c in row["cases"].values()]
         increase = f"{row['perplexity_increase']:.1%}" if row["perplexity_increase"] is not None else "-"
         print(f"{row['kind']:<22} {row['mb_per_token']:>8} {increase:>6} " + " ".join(f"{c:>40}" for c in cells))
-    print(f"wrote {out} (medians of {args.rounds} round{'s' if args.rounds > 1 else ''})")
+    print(f"wrote {args.out} (medians of {args.rounds} round{'s' if args.rounds > 1 else ''})")
 
 
 if __name__ == "__main__":

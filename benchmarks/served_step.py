@@ -30,13 +30,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+import results_file
 from engine_cpu_settings import LEVELS, LLMOPT, WORKLOAD, deploy_and_measure
 from llmopt.engine.config import EngineConfig
 from phase_timer import phase_timer
 
 MODEL = "smollm2-135m-instruct"
 TIMER_DIR = Path(__file__).parent / "phase_timer"
-RESULTS = Path(__file__).parent / "results"
 SHOWN = ("EngineCore.step", "GPUModelRunner._prepare_inputs", "BlockTable.compute_slot_mapping",
          "GPUModelRunner._build_attention_metadata", "GPUModelRunner._model_forward", "LogitsProcessor.forward",
          "GPUModelRunner.sample_tokens", "Scheduler.schedule", "Scheduler.update_from_output")
@@ -161,7 +161,7 @@ def main(rounds: int, intervals: list[int], model: str, dataset: str, out: Path)
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="offline and served runs in turn, this many of each")
-    parser.add_argument("--out", default="served_step.json", help="the results file's name in results/")
+    results_file.add_out(parser, "served_step.json")
     parser.add_argument("--stream-intervals", default="1", type=intervals,
                         help="served once a round at each (comma-separated, 1 to 4096)")
     parser.add_argument("--model", default=MODEL, help="a catalogued or imported model, or an artifact's folder")
@@ -173,4 +173,4 @@ if __name__ == "__main__":
     if args.offline:
         offline(args.offline, args.model, args.workload)
     else:
-        main(args.rounds, args.stream_intervals, args.model, args.workload, RESULTS / args.out)
+        main(args.rounds, args.stream_intervals, args.model, args.workload, args.out)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import results_file
 from llmopt import EngineConfig, roofline, sources
 from llmopt.engine.config import CompilationConfig
 from llmopt.engine import (avx2_bf16_linear, avx2_int8_linear, compile_cache, kernels, platform, prefill_attention,
@@ -38,7 +39,6 @@ MODEL = "smollm2-135m-instruct"
 BATCHES = (1, 8)
 DECODE_STEPS = 128
 PREFILL_REPEATS = 4
-RESULTS = Path(__file__).parent / "results" / "step_profile.json"
 # vLLM's and llmopt's linear kernels, and torch's matmuls, which a float32 model's layers run on AVX2
 LINEAR_OPS = ("_C::weight_packed_linear", "_C::onednn_mm", "_C::int8_scaled_mm_with_quant", "llmopt::small_batch_linear",
               "llmopt::avx2_int8_linear", "llmopt::avx2_bf16_linear",
@@ -164,7 +164,7 @@ if __name__ == "__main__":
     parser.add_argument("--model", default=MODEL, help="a catalogued or imported model, or an artifact's folder")
     parser.add_argument("--kernels", choices=("packed", "llmopt", "vllm"), help="the linear kernels (unset: llmopt's choice here)")
     parser.add_argument("--wrapper", choices=("cpp", "python"), help="Inductor's wrapper of the graph (unset: llmopt's choice here)")
-    parser.add_argument("--out", type=Path, help="the JSON to write (default: results/step_profile[_KERNELS].json)")
+    results_file.add_out(parser, None, "step_profile.json, step_profile_KERNELS.json with --kernels")
     args = parser.parse_args()
     in_engine_environment(args.kernels, args.wrapper)
-    main(args.model, args.kernels, args.wrapper, args.out or (RESULTS.with_name(f"step_profile_{args.kernels}.json") if args.kernels else RESULTS))
+    main(args.model, args.kernels, args.wrapper, args.out or results_file.RESULTS / (f"step_profile_{args.kernels}.json" if args.kernels else "step_profile.json"))

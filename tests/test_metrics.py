@@ -232,6 +232,16 @@ def test_a_levels_decode_speed_against_the_bound_by_hand() -> None:
     assert benchmark.decode_bound(level, roofline.Traffic(0, 0, 0, 0), roofline.Rates(20.0, 800.0)) is None  # weights unknown
 
 
+def test_a_bound_multiplies_at_the_served_dtypes_rate() -> None:
+    """Served in float32 (x86 without AVX-512), a model's float layers multiply at the float32 rate,
+    not bf16's (1-10 GFLOP/s there), and its int8 layers at the float rate where no VNNI gave an int8 one."""
+    rates = roofline.Rates(read_gb_s=20.0, bf16_gflop_s=1.2, int8_gflop_s=None, fp32_gflop_s=120.0)
+    served = roofline.Traffic(weights_bytes=1, kv_bytes_per_position=0, macs_int8=0, macs_bf16=0, dtype="float32")
+    assert roofline.matmul_gflop_s(served, rates) == (120.0, 120.0)
+    bf16 = roofline.Traffic(weights_bytes=1, kv_bytes_per_position=0, macs_int8=0, macs_bf16=0)
+    assert roofline.matmul_gflop_s(bf16, roofline.Rates(20.0, 800.0, int8_gflop_s=1600.0, fp32_gflop_s=300.0)) == (800.0, 1600.0)
+
+
 def test_a_speculating_levels_bound_counts_the_tokens_a_step_keeps() -> None:
     """Three answers of 30 tokens in all: 27 decoded. 10 steps drafted 30 tokens and 12 were accepted,
     so the 27 took 15 steps (5 drafted nothing, which vLLM's counters leave out): 1.8 tokens and 2

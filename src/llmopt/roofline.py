@@ -215,14 +215,20 @@ class Speculation:
     draft: Traffic | None = None
 
 
+def matmul_gflop_s(found: Traffic, rates: Rates) -> tuple[float, float]:
+    """The rates a model's float layers (in the dtype it is served in) and its int8 layers multiply
+    at: the float one for int8 layers where no int8 rate was measured (no VNNI)."""
+    float_rate = (rates.fp32_gflop_s if found.dtype == "float32" else None) or rates.bf16_gflop_s
+    return float_rate, rates.int8_gflop_s or float_rate
+
+
 def bound_tokens_per_s(found: Traffic, rates: Rates, batch: int, context: int,
                        speculation: Speculation | None = None) -> tuple[float, str]:
     """A step reads the weights once and each sequence's KV cache, and does each sequence's
     multiply-adds for every token it verifies; a draft model's passes add theirs. Its time is the
     larger of reading and computing; it yields one token per sequence, or the accepted length when
     speculating. Tokens/s, and which of the two bounds it."""
-    float_rate = (rates.fp32_gflop_s if found.dtype == "float32" else None) or rates.bf16_gflop_s
-    int8_rate = rates.int8_gflop_s or float_rate
+    float_rate, int8_rate = matmul_gflop_s(found, rates)
 
     def seconds(model: Traffic, passes: float, tokens: float) -> tuple[float, float]:
         read = passes * (model.weights_bytes + batch * context * model.kv_bytes_per_position) / (rates.read_gb_s * 1e9)
