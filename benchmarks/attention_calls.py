@@ -10,7 +10,7 @@ against the kernels called alone; then decode steps (128-token requests, end-of-
 at batch 1 and 8, the two methods in turn, `--rounds` rounds, each the best of two generate calls.
 Also checks that both give the same tokens. Writes results/attention_calls.json (or `--out`).
 
-    .venv/bin/python benchmarks/attention_calls.py [--rounds N] [--out FILE]
+    .venv/bin/python benchmarks/attention_calls.py [--rounds N] [--out NAME]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ spends per token and which model thread loses the core to it. Fixed lengths (16 
 end-of-sequence ignored), SmolLM2-135M as llmopt deploys it, or with the settings a row names.
 Writes benchmarks/results/cpu_time.json (or --out).
 
-    .venv/bin/python benchmarks/cpu_time.py [ROW ...] [--repeat N]
+    .venv/bin/python benchmarks/cpu_time.py [ROW ...] [--repeat N] [--out NAME]
 """
 
 from __future__ import annotations

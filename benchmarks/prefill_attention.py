@@ -5,7 +5,7 @@ with its quality measured, and the figures recommend ranks by side by side: TTFT
 tokens/s per user at c=1 and in total at c=8, perplexity, and how many greedy answers the two
 kernels give token for token alike.
 
-    .venv/bin/python -u benchmarks/prefill_attention.py [--target T ...] [--repeat N]
+    .venv/bin/python -u benchmarks/prefill_attention.py [--target T ...] [--repeat N] [--out NAME]
 
 Targets are catalogued models or artifact folders (default: SmolLM2-135M in bf16). Writes
 benchmarks/results/prefill_attention.json, or `--out`. On AVX2 processors the kernels are float32

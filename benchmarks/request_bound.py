@@ -11,7 +11,8 @@ the KV cache read once at the machine's read bandwidth (`llmopt.roofline`). Spec
 the bound: at best it makes decoding free, which the "prefill alone" column gives.
 
 Inputs: the machine's rates (`roofline.machine_rates`: kept per machine, measured the first time),
-each candidate's artifact (its safetensors headers), the workload's prompts as the model's chat
+each candidate's artifact (its safetensors headers, and its manifest's engine settings: the dtype
+it is served in here), the workload's prompts as the model's chat
 template renders them, and a `recommend` run's rows and output lengths
 (`results/recommend-<model>-<machine>/recommendation.json`, this kind of machine's run, where its
 shipped configurations came from; the artifacts must be on this machine). Prints a table and
@@ -31,6 +32,7 @@ from pathlib import Path
 import results_file
 from llmopt import artifact, roofline, sources
 from llmopt.engine import platform, vllm
+from llmopt.errors import LlmoptError
 from llmopt.evaluation.levels import Plan
 from llmopt.evaluation.tokens import TokenCounter
 
@@ -63,6 +65,7 @@ class Model:
     layers: int
     attention_width: int  # query heads times head size
     head_int8: bool
+    bf16_held: bool  # unquantized matrices streamed as their stored bf16 (llmopt's AVX2 float32 kernel)
 
     @classmethod
     def of(cls, folder: Path, hw: platform.Hardware) -> "Model":
@@ -71,8 +74,9 @@ class Model:
         heads = config["num_attention_heads"]
         head = roofline.tensors(folder).get("lm_head.weight")
         settings = artifact.load(folder).engine.settings
-        return cls(roofline.traffic(folder, vllm.dtype(settings, hw), vllm.holds_bf16_weights(settings, hw)), config["num_hidden_layers"],
-                   heads * (config.get("head_dim") or config["hidden_size"] // heads), head is not None and head["dtype"] == "I8")
+        held = vllm.holds_bf16_weights(settings, hw)
+        return cls(roofline.traffic(folder, vllm.dtype(settings, hw), held), config["num_hidden_layers"],
+                   heads * (config.get("head_dim") or config["hidden_size"] // heads), head is not None and head["dtype"] == "I8", held)
 
 
 def prefill_seconds(model: Model, rates: roofline.Rates, tokens: int, context: int) -> float:
@@ -99,6 +103,7 @@ def bound(folder: Path, hw: platform.Hardware, rates: roofline.Rates, prompts: l
     context = round(statistics.mean(len(ids) + out // 2 for ids, out in zip(prompts, outputs)))
     batch_step = BATCH / roofline.bound_tokens_per_s(model.traffic, rates, BATCH, context)[0]
     return {
+        "dtype": model.traffic.dtype, "bf16_held": model.bf16_held,
         "prefill_ms": 1e3 * statistics.median(prefill), "decode_ms": 1e3 * statistics.median(step),
         # llmopt's tokens/s per user: each request's output tokens over its latency, averaged
         "per_user_c1": statistics.mean(out / (p + (out - 1) * s) for out, p, s in zip(outputs, prefill, step)),
@@ -128,7 +133,11 @@ def main(model: str, out: Path) -> None:
         c1, c8 = rows.get((candidate["name"], 1)), rows.get((candidate["name"], 8))
         if candidate["status"] != "done" or not (folder / "config.json").is_file() or not (c1 and c8):
             continue
-        b = bound(folder, hw, rates, prompts, outputs)
+        try:
+            b = bound(folder, hw, rates, prompts, outputs)
+        except LlmoptError as exc:  # an artifact this llmopt cannot read (another schema, damaged): the others still count
+            print(f"{candidate['name']}: left out, {exc.one_line()}")
+            continue
         found[candidate["name"]] = b | {
             "measured_ttft_p50_ms": c1["ttft_p50_ms"], "measured_tpot_p50_ms": c1["tpot_p50_ms"],
             "measured_per_user_c1": c1["tokens_per_s_per_user"], "measured_total_c8": c8["total_tokens_per_s"],

@@ -1,6 +1,6 @@
-"""Where a benchmark writes its results: the `--out` option every script takes, a file name in
-results/. The name is checked as the arguments are parsed, so a path fails at once instead of
-after a run of many minutes, whose rows it would lose."""
+"""Where a benchmark writes its results: the `--out` option of the scripts that take one, a file
+name in results/. The name is checked as the arguments are parsed, so a path fails at once instead
+of after a run of many minutes, whose rows it would lose."""
 
 from __future__ import annotations
 
@@ -17,6 +17,6 @@ def add_out(parser: argparse.ArgumentParser, default: str | None, default_help: 
 
 
 def _in_results(name: str) -> Path:
-    if not name or Path(name).name != name:
+    if name in ("", ".", "..") or Path(name).name != name:
         raise argparse.ArgumentTypeError(f"takes a file name in {RESULTS}, not a path: {name!r}")
     return RESULTS / name

@@ -14,7 +14,7 @@ by the matmul rate. Writes benchmarks/results/step_profile.json; with `--kernels
 (unset: llmopt's choice here), that linear-kernel choice (`EngineConfig.linear_kernels`) into
 step_profile_<kernels>.json; `--model` takes an artifact's folder (a quantized one) too.
 
-    .venv/bin/python benchmarks/step_profile.py [--model M] [--kernels K] [--wrapper cpp|python] [--out FILE]
+    .venv/bin/python benchmarks/step_profile.py [--model M] [--kernels K] [--wrapper cpp|python] [--out NAME]
 """
 
 from __future__ import annotations
