@@ -74,9 +74,9 @@ class Model:
         heads = config["num_attention_heads"]
         head = roofline.tensors(folder).get("lm_head.weight")
         settings = artifact.load(folder).engine.settings
-        held = vllm.holds_bf16_weights(settings, hw)
-        return cls(roofline.traffic(folder, vllm.dtype(settings, hw), held), config["num_hidden_layers"],
-                   heads * (config.get("head_dim") or config["hidden_size"] // heads), head is not None and head["dtype"] == "I8", held)
+        return cls(roofline.served_traffic(folder, settings, hw), config["num_hidden_layers"],
+                   heads * (config.get("head_dim") or config["hidden_size"] // heads), head is not None and head["dtype"] == "I8",
+                   vllm.holds_bf16_weights(settings, hw))
 
 
 def prefill_seconds(model: Model, rates: roofline.Rates, tokens: int, context: int) -> float:

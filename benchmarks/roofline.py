@@ -35,10 +35,10 @@ from pathlib import Path
 import llmopt
 import results_file
 from llmopt import artifact
-from llmopt.engine import platform, vllm
+from llmopt.engine import platform
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import benchmark
-from llmopt.roofline import Rates, Speculation, bound_tokens_per_s, measure_rates, traffic
+from llmopt.roofline import Rates, Speculation, bound_tokens_per_s, measure_rates, served_traffic
 
 MODEL = "smollm2-135m-instruct"
 KINDS = {"bf16": "baseline", "SmoothQuant W8A8": "smoothquant",
@@ -104,9 +104,7 @@ def main() -> None:
     # read from the headers once, in the dtype each is served in here (float32 on x86 without AVX-512,
     # bf16 matrices held as stored under llmopt's AVX2 kernel)
     manifests = {kind: artifact.load(folder) for kind, folder in built.items()}
-    streamed = {kind: traffic(folder, vllm.dtype(manifests[kind].engine.settings, hardware),
-                              vllm.holds_bf16_weights(manifests[kind].engine.settings, hardware))
-                for kind, folder in built.items()}
+    streamed = {kind: served_traffic(folder, manifests[kind].engine.settings, hardware) for kind, folder in built.items()}
     measured: list[Rates] = []
     speeds: dict[str, list[dict[str, tuple[float, Speculation | None]]]] = {kind: [] for kind in built}
     for round_ in range(1, args.rounds + 1):

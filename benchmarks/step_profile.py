@@ -67,7 +67,7 @@ def main(model: str, kernels: str | None, wrapper: str | None, out: Path) -> Non
     serve.kernels_from_environment()
     folder = Path(model) if Path(model).is_dir() else Path(sources.resolve(model).path)
     served = EngineConfig(linear_kernels=kernels)
-    traffic = roofline.traffic(folder, vllm.dtype(served, None), vllm.holds_bf16_weights(served, None))
+    traffic = roofline.served_traffic(folder, served, None)
     timer = Timer()
     timer.install(import_modules=True)
     # no prefix caching: the prefill profile sends one prompt again and again

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Callable
 
 from llmopt import paths
-from llmopt.engine import platform
+from llmopt.engine import platform, vllm
+from llmopt.engine.config import EngineConfig
 
 
 FLOAT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}  # the engine's dtypes
@@ -159,6 +160,11 @@ def tensors(folder: Path) -> dict[str, dict]:
             header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
         found.update({k: v for k, v in header.items() if k != "__metadata__"})
     return found
+
+
+def served_traffic(folder: Path, settings: EngineConfig, hw: platform.Hardware | None) -> Traffic:
+    """`traffic` as the engine serves the folder with these settings on `hw` (None: this machine)."""
+    return traffic(folder, vllm.dtype(settings, hw), vllm.holds_bf16_weights(settings, hw))
 
 
 def traffic(folder: Path, dtype: str = "bfloat16", bf16_held: bool = False) -> Traffic:

@@ -17,7 +17,6 @@ from typing import Literal
 import httpx
 
 from llmopt import corpus, endpoints, roofline, serving
-from llmopt.engine import vllm
 from llmopt.engine.config import EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import compare, levels, pricing, quality
@@ -132,10 +131,9 @@ def decode_bounds(found: list[Level], weights: Path | None, engine: EngineConfig
         return
     settings = engine or EngineConfig()
     spec = settings.speculative
-    dtype, held = vllm.dtype(settings, None), vllm.holds_bf16_weights(settings, None)
     try:
-        traffic = roofline.traffic(weights, dtype, held)
-        draft = roofline.traffic(Path(spec.model), dtype, held) if spec is not None and spec.model else None
+        traffic = roofline.served_traffic(weights, settings, None)
+        draft = roofline.served_traffic(Path(spec.model), settings, None) if spec is not None and spec.model else None
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return
     for level in found:

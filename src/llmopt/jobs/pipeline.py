@@ -93,8 +93,7 @@ def build(
         size_bytes=sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file()),
         source_size_bytes=source.size_bytes,
         peak_rss_bytes=procs.peak_rss_bytes(),
-        weights_read_per_token_bytes=roofline.traffic(workdir, vllm.dtype(ctx.engine, hardware),
-                                                      vllm.holds_bf16_weights(ctx.engine, hardware)).weights_bytes or None,
+        weights_read_per_token_bytes=roofline.served_traffic(workdir, ctx.engine, hardware).weights_bytes or None,
     )
     manifest = artifact.Manifest(
         name=name,
