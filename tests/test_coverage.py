@@ -31,7 +31,7 @@ def _write_gguf(path: Path, add_bos: bool) -> Path:
     as asked: what a user's converted model looks like, built with the gguf package."""
     import gguf as gguf_lib
 
-    smol = gguf_lib.GGUFReader(str(catalog.get(catalog.DEFAULT_MODEL).weight_files()[0]))
+    smol = gguf.read(catalog.get(catalog.DEFAULT_MODEL).weight_files()[0])
 
     def field(key: str):
         f = smol.fields[key]

@@ -66,8 +66,8 @@ def best_seconds(run: Callable[[], object], repeats: int = 7) -> float:
 
 def measure_rates(cores: int, window_s: float = 20.0) -> Rates:
     """Read bandwidth (GB/s) over 1 GiB (256 MiB read 10-25% faster on a 32 MiB-L3 EPYC), sampled
-    across `window_s` seconds, and copy bandwidth and bf16, fp32 and int8 matmul throughput (GFLOP/s)
-    on `cores` threads, best of several runs; in a process of its own, so its 2 GiB and torch's
+    across `window_s` seconds, copy bandwidth across a quarter of it, and bf16, fp32 and int8 matmul
+    throughput (GFLOP/s) on `cores` threads, best of several runs; in a process of its own, so its 2 GiB and torch's
     threads never count against the caller (whose peak memory every process it starts would report
     as its own: procs.peak_rss_bytes)."""
     done = subprocess.run([sys.executable, "-c", f"from llmopt import roofline; roofline._print_rates({int(cores)}, {float(window_s)})"],
@@ -98,7 +98,7 @@ def _print_rates(cores: int, window_s: float) -> None:
     size = x.numel() * 4
     # a bound is the best the machine does, over a window long enough to see its fast level
     reads = [size / seconds / 1e9 for seconds in _sampled_seconds(lambda: x.sum(), window_s)]
-    copy = 2 * size / best_seconds(lambda: y.copy_(x), 30) / 1e9
+    copy = 2 * size / min(_sampled_seconds(lambda: y.copy_(x), window_s / 4)) / 1e9  # only for the record
     def matmul_gflop_s(dtype: torch.dtype, n: int) -> float:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         return 2 * n**3 / best_seconds(lambda: a @ b) / 1e9
