@@ -44,13 +44,14 @@ from llmopt.engine.platform import SPAWNED_CORE_ENV, VLLM_ATTENTION_CALLS_ENV
 
 LLMOPT = EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="uni")  # packed linear kernels, dtype as chosen
 PYTHON_WRAPPER = CompilationConfig(wrapper="python")  # how stock vLLM runs its compiled graph
+STOCK_GRAPH = CompilationConfig(wrapper="python", graph="whole")  # and what it compiles on a CPU
 CORES = sorted(os.sched_getaffinity(0))
 # what vLLM's OMP process manager sets for its CPU worker (vllm/utils/ompmultiprocessing.py)
 PINNED = {"KMP_AFFINITY": f"granularity=fine,explicit,proclist=[{','.join(map(str, CORES))}]", "KMP_TPAUSE": "0"}
 ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None]] = {  # label -> settings, environment, what to do once ready
-    "vllm default (1 reserved, no preload)": (EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp", linear_kernels="vllm", attention_kernel="vllm", compilation=PYTHON_WRAPPER, dtype="bfloat16"), {}, None),
-    "0 reserved, no preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp", linear_kernels="vllm", attention_kernel="vllm", compilation=PYTHON_WRAPPER, dtype="bfloat16"), {}, None),
-    "0 reserved, preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp", linear_kernels="vllm", attention_kernel="vllm", compilation=PYTHON_WRAPPER, dtype="bfloat16"), {}, None),
+    "vllm default (1 reserved, no preload)": (EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp", linear_kernels="vllm", attention_kernel="vllm", compilation=STOCK_GRAPH, dtype="bfloat16"), {}, None),
+    "0 reserved, no preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp", linear_kernels="vllm", attention_kernel="vllm", compilation=STOCK_GRAPH, dtype="bfloat16"), {}, None),
+    "0 reserved, preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp", linear_kernels="vllm", attention_kernel="vllm", compilation=STOCK_GRAPH, dtype="bfloat16"), {}, None),
     "llmopt (0 reserved, preload, no worker)": (LLMOPT, {}, None),
     # vLLM's choice of linear kernels (oneDNN on AVX-512 without AMX) instead of its packed-weight ones
     "llmopt, vLLM's linear kernels": (LLMOPT.model_copy(update={"linear_kernels": "vllm"}), {}, None),
@@ -66,6 +67,9 @@ ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None
     "llmopt, float32": (LLMOPT.model_copy(update={"dtype": "float32"}), {}, None),
     # vLLM's CPU attention backend's own methods around its kernels, not llmopt's lean ones (attention_calls)
     "llmopt, vLLM's attention calls": (LLMOPT, {VLLM_ATTENTION_CALLS_ENV: "1"}, None),
+    # the model's graph compiled whole or piecewise, whichever llmopt does not choose here
+    "llmopt, whole graph": (LLMOPT.model_copy(update={"compilation": CompilationConfig(graph="whole")}), {}, None),
+    "llmopt, piecewise graph": (LLMOPT.model_copy(update={"compilation": CompilationConfig(graph="piecewise")}), {}, None),
     # one OpenMP thread: the model's threads no longer wait at each parallel loop's barrier for a
     # thread the front end has taken the other core from
     "one model thread (1 reserved, preload, no worker)": (LLMOPT.model_copy(update={"reserved_cpus": 1}), {}, None),

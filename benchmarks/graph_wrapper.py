@@ -1,11 +1,14 @@
-"""A model or an optimized artifact served with each of Inductor's graph wrappers in turn (Python's,
-vLLM's default, and the C++ one), output tokens/s and time between tokens at each of
+"""A model or an optimized artifact served with each of two ways of running its compiled graph in
+turn: Inductor's graph wrappers (`--compare wrapper`: Python's, vLLM's default, and the C++ one) or
+what Inductor compiles on a CPU (`--compare graph`: the whole graph, vLLM's CPU default, or its
+pieces split at the attention ops), output tokens/s and time between tokens at each of
 `engine_cpu_settings.LEVELS`. An artifact carries its own engine settings and takes none at deploy,
-so the wrapper is chosen here by patching `platform.default_graph_wrapper` in this process, where
-deploy renders vLLM's flags and the compile cache's key; everything else is llmopt's choice.
-Writes results/graph_wrapper.json (or `--out`).
+so the choice is made here by patching `platform.default_graph_wrapper` or
+`platform.default_compiled_graph` in this process, where deploy renders vLLM's flags and
+environment and the compile cache's key; everything else is llmopt's choice. Writes
+results/graph_wrapper.json (or `--out`).
 
-    .venv/bin/python benchmarks/graph_wrapper.py [--model M] [--repeat N] [--out NAME]
+    .venv/bin/python benchmarks/graph_wrapper.py [--compare wrapper|graph] [--model M] [--repeat N] [--out NAME]
 """
 
 from __future__ import annotations
@@ -19,29 +22,32 @@ import results_file
 from engine_cpu_settings import LEVELS, deploy_and_measure
 from llmopt.engine import platform
 
-WRAPPERS = ("python", "cpp")
+CHOICES = {"wrapper": ("default_graph_wrapper", ("python", "cpp")),
+           "graph": ("default_compiled_graph", ("whole", "piecewise"))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compare", choices=CHOICES, default="wrapper", help="the graph's wrappers, or whole against piecewise")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a catalogued or imported model, or an artifact's folder")
-    parser.add_argument("--repeat", type=int, default=3, help="take the two wrappers in turn this many times")
+    parser.add_argument("--repeat", type=int, default=3, help="take the two choices in turn this many times")
     results_file.add_out(parser, "graph_wrapper.json")
     args = parser.parse_args()
+    default, choices = CHOICES[args.compare]
     rows = []
     for _ in range(args.repeat):
-        for wrapper in WRAPPERS:
-            with mock.patch.object(platform, "default_graph_wrapper", lambda hw, chosen=wrapper: chosen):
-                row = deploy_and_measure(f"{wrapper} wrapper", None, {}, None, model=args.model) | {"wrapper": wrapper}
+        for choice in choices:
+            with mock.patch.object(platform, default, lambda *args, chosen=choice: chosen):
+                row = deploy_and_measure(f"{choice} {args.compare}", None, {}, None, model=args.model) | {args.compare: choice}
             rows.append(row)
             print(f"{row['config']:<16} ready {row['ready_s']:>6} s  " + "  ".join(
                 f"c={level} {row[f'out_tok_s_c{level}']:>7} tok/s (ITL p50 {row[f'itl_p50_ms_c{level}']} ms)" for level in LEVELS), flush=True)
-    medians = {w: {f"out_tok_s_c{level}": statistics.median(r[f"out_tok_s_c{level}"] for r in rows if r["wrapper"] == w)
-                   for level in LEVELS} for w in WRAPPERS}
-    for w, median in medians.items():
-        print(f"median of {args.repeat}, {w} wrapper: " + "  ".join(f"{k} {v}" for k, v in median.items()))
-    args.out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": args.model, "rows": rows,
-                                    "medians": medians}, indent=2) + "\n")
+    medians = {c: {f"out_tok_s_c{level}": statistics.median(r[f"out_tok_s_c{level}"] for r in rows if r[args.compare] == c)
+                   for level in LEVELS} for c in choices}
+    for c, median in medians.items():
+        print(f"median of {args.repeat}, {c} {args.compare}: " + "  ".join(f"{k} {v}" for k, v in median.items()))
+    args.out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": args.model, "compare": args.compare,
+                                    "rows": rows, "medians": medians}, indent=2) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -53,6 +53,10 @@ def test_job_compiles_for_its_shapes_and_records_both_starts(compiled: llmopt.Jo
     compiling = next(paths.logs_dir().glob(f"compile*{compiled.name}*.log")).read_text()
     assert compiling.count("Warming up model for the compilation") == 2 and compiling.count("Warming up done") == 1
     assert platform.SHORT_WARM_UP_LINE not in compiling
+    # on a CPU, the graph compiled piecewise where llmopt chose it (vLLM's piecewise backend says so), whole otherwise
+    graph = vllm.compiled_graph(EngineConfig(), None)
+    assert shipped["components"]["settings"]["compilation"]["graph"] == graph
+    assert ("Compiling a graph for compile range" in compiling) == (graph == "piecewise")
     # where the start's time went, phase by phase, from the engine's log (vLLM stamps it to the second)
     assert list(manifest.metrics.start.phases) == [name for name, _ in vllm.START_PHASES]
     assert sum(manifest.metrics.start.phases.values()) == pytest.approx(manifest.metrics.start.ready_seconds, abs=0.5)
@@ -254,6 +258,7 @@ def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.
         "kv_cache_dtype": _key(tmp_path, settings={"kv_cache_dtype": "fp8"}),
         "eager": _key(tmp_path, settings={"compilation": {"mode": "eager"}}),
         "the graph's Python wrapper": _key(tmp_path, settings={"compilation": {"wrapper": "python"}}),
+        "a piecewise graph": _key(tmp_path, settings={"compilation": {"graph": "piecewise"}}),
         "dtype": _key(tmp_path, settings={"dtype": "float32"}),
         # vLLM keys its saved compiled model by VLLM_CPU_NUM_OF_RESERVED_CPU too
         "reserved_cpus": _key(tmp_path, settings={"reserved_cpus": 1}),
@@ -271,6 +276,7 @@ def test_every_component_of_the_key_matters(tmp_path: Path, monkeypatch: pytest.
     assert _key(tmp_path, hw=amx, settings={"linear_kernels": "packed"}) != _key(tmp_path, hw=amx)
     assert _key(tmp_path, hw=no_amx, settings={"linear_kernels": platform.default_linear_kernels(no_amx)}) == _key(tmp_path, hw=no_amx)
     assert _key(tmp_path, settings={"compilation": {"wrapper": platform.default_graph_wrapper(no_amx)}}) == base
+    assert _key(tmp_path, settings={"compilation": {"graph": "whole"}}) == base  # AVX-512: the whole graph, unless asked
     # and so is the dtype: unset, the machine's choice (float32 on AVX2), as if written
     avx2 = platform.Hardware(cpu_flags=("avx", "avx2"), **cpu)
     assert _key(tmp_path, hw=avx2) == _key(tmp_path, hw=avx2, settings={"dtype": "float32"}) != _key(tmp_path, hw=avx2, settings={"dtype": "bfloat16"})

@@ -293,6 +293,26 @@ def test_the_graph_wrapper_on_cpu_and_what_it_takes(flags: tuple[str, ...], engi
         assert env.get("VLLM_USE_LAYERNAME") == ("0" if wrapper == "cpp" else None)
 
 
+@pytest.mark.parametrize("flags, compilation, graph", [
+    (("avx2",), CompilationConfig(), "piecewise"),  # AVX2, the Python wrapper's graph: measured piecewise
+    (("avx2", "avx512f"), CompilationConfig(), "whole"),  # AVX-512 and the C++ wrapper: not measured piecewise
+    (("avx2", "avx512f"), CompilationConfig(wrapper="python"), "whole"),
+    (("avx2",), CompilationConfig(wrapper="cpp"), "whole"),
+    (("avx2",), CompilationConfig(graph="whole"), "whole"),
+    (("avx2", "avx512f"), CompilationConfig(graph="piecewise"), "piecewise"),
+    (("avx2",), CompilationConfig(mode="eager"), None),
+])
+def test_the_compiled_graph_on_cpu_and_what_it_takes(flags: tuple[str, ...], compilation: CompilationConfig, graph: str | None) -> None:
+    """On a CPU vLLM compiles the whole graph unless llmopt's server module keeps its piecewise
+    compile, which the environment asks for; vLLM's own server and image know no such switch."""
+    hw = platform.Hardware(device="cpu", cpu_model="test", cores=2, memory_gib=24, cpu_flags=flags, gpu=None)
+    engine = EngineConfig(compilation=compilation)
+    assert vllm.compiled_graph(engine, hw) == graph
+    assert vllm.environment(engine, hw).get(platform.PIECEWISE_GRAPH_ENV) == ("1" if graph == "piecewise" else None)
+    assert platform.PIECEWISE_GRAPH_ENV not in vllm.image_environment(engine, hw)
+    assert platform.PIECEWISE_GRAPH_ENV not in vllm.plain_environment(engine, hw)
+
+
 @pytest.mark.parametrize("device, flags, engine, dtype", [
     ("cpu", ("avx", "avx2"), EngineConfig(), "float32"),  # no bf16 matmul in vLLM's AVX2 build
     ("cpu", ("avx", "avx2"), EngineConfig(dtype="bfloat16"), "bfloat16"),

@@ -67,6 +67,13 @@ def test_the_cpp_graph_wrapper_on_a_gpu_is_refused() -> None:
     assert vllm.graph_wrapper(EngineConfig(), H100) == "python"
 
 
+def test_the_whole_graph_on_a_gpu_is_refused() -> None:
+    """vLLM compiles piecewise on a GPU, where it replays CUDA graphs of the pieces."""
+    with pytest.raises(LlmoptError, match="graph 'whole' is for CPUs, and this machine serves on NVIDIA H100 80GB HBM3 -- leave compilation.graph unset"):
+        vllm.compiled_graph(EngineConfig(compilation=CompilationConfig(graph="whole")), H100)
+    assert vllm.compiled_graph(EngineConfig(), H100) == "piecewise"
+
+
 @pytest.mark.parametrize("settings", [SHARDED, EngineConfig(reserved_cpus=1, executor="uni", preload=True, kv_cache_gib=8)])
 def test_no_cpu_environment_on_a_gpu(settings: EngineConfig) -> None:
     """No VLLM_CPU_*, no preloaded tcmalloc or Intel OpenMP, no OpenMP threads: even settings that ask

@@ -122,6 +122,7 @@ def components(model_path: str | Path, config: EngineConfig, hw: platform.Hardwa
     if hw.device == "cpu":  # the kernels chosen here are ops in the traced graph
         relevant["linear_kernels"] = linear_build(config, hw)
     relevant["compilation"]["wrapper"] = vllm.graph_wrapper(config, hw)  # Inductor's generated code differs
+    relevant["compilation"]["graph"] = vllm.compiled_graph(config, hw)
     relevant["dtype"] = vllm.dtype(config, hw)
     spec = relevant.get("speculative")
     if spec:

@@ -27,6 +27,7 @@ KERNEL_REUSED_LINE = "llmopt: Inductor's C++ kernel reused from an earlier compi
 MODEL_INFOS_ENV = "LLMOPT_MODEL_INFOS"  # a folder: the server keeps vLLM's model-class facts there, for every entry
 SHORT_WARM_UP_LINE = "llmopt: warm-up shortened, the compiled model was loaded"  # the server logs it when it was
 SPAWNED_CORE_ENV = "LLMOPT_SPAWNED_ENGINE_CORE"  # set: its engine core is spawned, as vLLM's CPU platform does (benchmarks)
+PIECEWISE_GRAPH_ENV = "LLMOPT_PIECEWISE_GRAPH"  # "1": the server compiles the model's graph piecewise on a CPU
 VLLM_ATTENTION_CALLS_ENV = "LLMOPT_VLLM_ATTENTION_CALLS"  # "1": vLLM's attention methods, not `attention_calls` (benchmarks)
 TCMALLOC_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
@@ -262,6 +263,16 @@ def default_graph_wrapper(hw: Hardware) -> str:
     longer (benchmarks/README.md, "engine_cpu_settings.py"). On GPUs vLLM replays CUDA graphs, and
     the Python wrapper stays."""
     return "cpp" if hw.device == "cpu" and not hw.x86_without_avx512 else "python"
+
+
+def default_compiled_graph(hw: Hardware, wrapper: str | None) -> str:
+    """On an x86 CPU without AVX-512, whose graph runs from Inductor's Python wrapper, the graph
+    compiled piecewise: vLLM's CPU platform compiles the whole 30-layer graph of SmolLM2-135M at
+    once, 85-112 s cold on a Zen 3 EPYC, where piecewise its layers' pieces compile once (three
+    compiled pieces for 31) in 45-52 s, decoding within the noise of the whole graph served
+    (benchmarks/README.md, "piecewise_compile.py"). Elsewhere (the C++ wrapper, AVX-512, other
+    CPUs) the whole graph, as vLLM has it: piecewise is not measured there."""
+    return "piecewise" if hw.x86_without_avx512 and wrapper == "python" else "whole"
 
 
 def kernels_build(hw: Hardware) -> str:

@@ -177,6 +177,20 @@ def graph_wrapper(config: EngineConfig, hw: platform.Hardware | None) -> str | N
     return chosen
 
 
+def compiled_graph(config: EngineConfig, hw: platform.Hardware | None) -> str | None:
+    """What Inductor compiles on the machine `hw` (this one when None, detected only if the choice
+    depends on it): the whole graph or its pieces; None when the model runs eagerly."""
+    if config.compilation.mode == "eager":
+        return None
+    hw = hw or platform.detect()
+    if hw.device != "cpu":
+        if config.compilation.graph == "whole":
+            raise LlmoptError(f"compilation graph 'whole' is for CPUs, and this machine serves on {hw.gpu or hw.device}",
+                              "leave compilation.graph unset (vLLM compiles piecewise there)")
+        return "piecewise"
+    return config.compilation.graph or platform.default_compiled_graph(hw, graph_wrapper(config, hw))
+
+
 def _block_fp8(model_path: str | Path) -> bool:
     """Whether the checkpoint's config.json declares block-wise FP8 weights (compressed-tensors)."""
     try:
@@ -244,6 +258,8 @@ def environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     if graph_wrapper(config, hw) == "cpp":
         # Inductor's C++ wrapper passes no Python object to an op: vLLM's opaque layer names become strings
         env["VLLM_USE_LAYERNAME"] = "0"
+    if compiled_graph(config, hw) == "piecewise":  # llmopt's server module keeps vLLM's piecewise compile on a CPU
+        env[platform.PIECEWISE_GRAPH_ENV] = "1"
     if "llmopt" in (linear, attention):  # built here if it is not yet, so a failed build is said before any engine starts
         env[kernels.LIBRARY_ENV] = str(kernels.build(platform.kernel_library(hw)))
     libraries = platform.preload_libraries() if config.preload else []
@@ -289,8 +305,9 @@ def attention_kernel(config: EngineConfig, hw: platform.Hardware) -> str:
 
 def plain_environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
     """The environment of plain vLLM's server for these settings: as `environment`, without the
-    kernel switches only llmopt's server module reads."""
-    return environment(config.model_copy(update={"linear_kernels": "vllm", "attention_kernel": "vllm"}), hw)
+    switches only llmopt's server module reads (its kernels, a piecewise graph on a CPU)."""
+    whole = config.compilation.model_copy(update={"graph": "whole"}) if hw.device == "cpu" else config.compilation
+    return environment(config.model_copy(update={"linear_kernels": "vllm", "attention_kernel": "vllm", "compilation": whole}), hw)
 
 
 def image_environment(config: EngineConfig, hw: platform.Hardware) -> dict[str, str]:
