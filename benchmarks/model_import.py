@@ -15,7 +15,6 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np

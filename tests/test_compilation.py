@@ -20,13 +20,14 @@ import safetensors.torch
 import llmopt
 from llmopt import artifact, endpoints, hashing, paths, serving, sources
 from llmopt.engine import compile_cache, kernels, platform, vllm
-from llmopt.engine.config import EngineConfig
+from llmopt.engine.config import CompilationConfig, EngineConfig
 from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
 from llmopt.jobs import store as jobs_store
 
 from conftest import SMALL_ENGINE, run_cli
 
+PIECEWISE_LINE = "Compiling a graph for compile range"  # vLLM's piecewise backend, compiling
 WEIGHTS = {"w": np.zeros((2, 3), np.float32), "k_scale": np.array([1.0], np.float32)}
 
 
@@ -53,10 +54,9 @@ def test_job_compiles_for_its_shapes_and_records_both_starts(compiled: llmopt.Jo
     compiling = next(paths.logs_dir().glob(f"compile*{compiled.name}*.log")).read_text()
     assert compiling.count("Warming up model for the compilation") == 2 and compiling.count("Warming up done") == 1
     assert platform.SHORT_WARM_UP_LINE not in compiling
-    # on a CPU, the graph compiled piecewise where llmopt chose it (vLLM's piecewise backend says so), whole otherwise
-    graph = vllm.compiled_graph(EngineConfig(), None)
-    assert shipped["components"]["settings"]["compilation"]["graph"] == graph
-    assert ("Compiling a graph for compile range" in compiling) == (graph == "piecewise")
+    # the whole graph compiled, as vLLM's CPU platform does (its piecewise backend would say it compiled pieces)
+    assert shipped["components"]["settings"]["compilation"]["graph"] == vllm.compiled_graph(EngineConfig(), None)
+    assert (PIECEWISE_LINE in compiling) == (vllm.compiled_graph(EngineConfig(), None) == "piecewise")
     # where the start's time went, phase by phase, from the engine's log (vLLM stamps it to the second)
     assert list(manifest.metrics.start.phases) == [name for name, _ in vllm.START_PHASES]
     assert sum(manifest.metrics.start.phases.values()) == pytest.approx(manifest.metrics.start.ready_seconds, abs=0.5)
@@ -175,6 +175,26 @@ def test_other_weights_of_one_layout_start_precompiled_and_answer_with_their_own
         assert greedy != quality.greedy_tokens(endpoint.url, endpoint.served_name)
     finally:
         sources.remove(model.id)
+
+
+@pytest.mark.engine
+def test_a_piecewise_graph_compiles_its_pieces_starts_precompiled_and_answers_as_the_whole_one(endpoint, smol: sources.Model) -> None:
+    """`compilation.graph: piecewise` on a CPU: vLLM's piecewise backend compiles the graph's pieces
+    (llmopt's server module keeps them against vLLM's CPU platform), the entry is a compile-cache
+    entry of its own, a second start loads what the first saved, and greedy answers are the whole
+    graph's (the session endpoint's)."""
+    piecewise = SMALL_ENGINE.model_copy(update={"compilation": CompilationConfig(graph="piecewise")})
+    with llmopt.deploy(smol.id, name="piecewise-ep", engine=piecewise) as served:
+        first = llmopt.get_endpoint("piecewise-ep").start
+        greedy = quality.greedy_tokens(served.url, served.served_name)
+        log = Path(llmopt.get_endpoint("piecewise-ep").log_path).read_text()
+    assert first.key != llmopt.get_endpoint(endpoint.name).start.key
+    assert PIECEWISE_LINE in log and platform.PIECEWISE_GRAPH_ENV in log
+    assert greedy == quality.greedy_tokens(endpoint.url, endpoint.served_name)
+    with llmopt.deploy(smol.id, name="piecewise-again", engine=piecewise):
+        again = llmopt.get_endpoint("piecewise-again")
+        assert again.start.key == first.key and again.start.outcome == "precompiled"
+        assert platform.SHORT_WARM_UP_LINE in Path(again.log_path).read_text()
 
 
 @pytest.mark.slow  # CI's budget: the same path as the tests beside it, minutes longer

@@ -265,14 +265,16 @@ def default_graph_wrapper(hw: Hardware) -> str:
     return "cpp" if hw.device == "cpu" and not hw.x86_without_avx512 else "python"
 
 
-def default_compiled_graph(hw: Hardware, wrapper: str | None) -> str:
-    """On an x86 CPU without AVX-512, whose graph runs from Inductor's Python wrapper, the graph
-    compiled piecewise: vLLM's CPU platform compiles the whole 30-layer graph of SmolLM2-135M at
-    once, 85-112 s cold on a Zen 3 EPYC, where piecewise its layers' pieces compile once (three
-    compiled pieces for 31) in 45-52 s, decoding within the noise of the whole graph served
-    (benchmarks/README.md, "piecewise_compile.py"). Elsewhere (the C++ wrapper, AVX-512, other
-    CPUs) the whole graph, as vLLM has it: piecewise is not measured there."""
-    return "piecewise" if hw.x86_without_avx512 and wrapper == "python" else "whole"
+def default_compiled_graph(hw: Hardware) -> str:
+    """On a CPU, the whole graph, as vLLM's CPU platform compiles it. Piecewise (vLLM's way on GPUs,
+    kept on a CPU by llmopt's server module) halves a cold compile of SmolLM2-135M on a Zen 3 EPYC
+    (45-52 s against 85-112: a layer's pieces compile once), but each of its 31 pieces is called
+    through vLLM's piecewise backend and AOTAutograd's runtime wrapper every step: served there,
+    SmoothQuant's time between tokens at c=1 rose 1.5-3 ms in each of three alternating rounds
+    (0.91x the tokens/s by medians), bf16 read within the noise over six rounds
+    (benchmarks/README.md, "piecewise_compile.py"). A start compiles once an entry, a deployment
+    decodes for hours: piecewise is a setting, for compile-bound work."""
+    return "whole"
 
 
 def kernels_build(hw: Hardware) -> str:

@@ -188,7 +188,7 @@ def compiled_graph(config: EngineConfig, hw: platform.Hardware | None) -> str | 
             raise LlmoptError(f"compilation graph 'whole' is for CPUs, and this machine serves on {hw.gpu or hw.device}",
                               "leave compilation.graph unset (vLLM compiles piecewise there)")
         return "piecewise"
-    return config.compilation.graph or platform.default_compiled_graph(hw, graph_wrapper(config, hw))
+    return config.compilation.graph or platform.default_compiled_graph(hw)
 
 
 def _block_fp8(model_path: str | Path) -> bool:
