@@ -270,7 +270,7 @@ def default_compiled_graph(hw: Hardware) -> str:
     kept on a CPU by llmopt's server module) halves a cold compile of SmolLM2-135M on a Zen 3 EPYC
     (45-52 s against 85-112: a layer's pieces compile once), but each of its 31 pieces is called
     through vLLM's piecewise backend and AOTAutograd's runtime wrapper every step: served there,
-    SmoothQuant's time between tokens at c=1 rose 1.5-3 ms in each of three alternating rounds
+    SmoothQuant's time between tokens at c=1 rose 0.5-4.2 ms in each of three alternating rounds
     (0.91x the tokens/s by medians), bf16 read within the noise over six rounds
     (benchmarks/README.md, "piecewise_compile.py"). A start compiles once an entry, a deployment
     decodes for hours: piecewise is a setting, for compile-bound work."""

@@ -315,7 +315,7 @@ def _piecewise_on_cpu() -> None:
     attention ops, each piece compiled by vLLM's backend, pieces alike compiled once) into one trace
     of the whole graph (`DYNAMO_TRACE_ONCE`), which Inductor then lowers and compiles layer by layer:
     a cold compile of SmolLM2-135M took 112 s on a Zen 3 EPYC, 52 s piecewise (three compiled
-    pieces for the 31), decoding as fast (`platform.default_compiled_graph`). Kept piecewise here
+    pieces for the 31), whose steps are longer served (`platform.default_compiled_graph`). Kept piecewise here
     where the platform made that change, with what vLLM's CPU path lacks for it: `compile_sizes`
     set (the piecewise backend finds a step's shape among them) and vLLM's fix-functionalization
     pass left out (it names CUDA-only fused ops; Inductor's own decomposition does its work, as it
