@@ -14,7 +14,7 @@ by the matmul rate. Writes benchmarks/results/step_profile.json; with `--kernels
 (unset: llmopt's choice here), that linear-kernel choice (`EngineConfig.linear_kernels`) into
 step_profile_<kernels>.json; `--model` takes an artifact's folder (a quantized one) too.
 
-    .venv/bin/python benchmarks/step_profile.py [--model M] [--kernels K] [--wrapper cpp|python] [--out NAME]
+    .venv/bin/python benchmarks/step_profile.py [--model M] [--kernels K] [--wrapper cpp|python] [--graph whole|piecewise] [--out NAME]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def phases(timer: Timer, run: Callable[[], None], steps: int) -> dict[str, float
     return {name: found[name]["wall_ms"] for _, name in PHASES}
 
 
-def main(model: str, kernels: str | None, wrapper: str | None, out: Path) -> None:
+def main(model: str, kernels: str | None, wrapper: str | None, graph: str | None, out: Path) -> None:
     import torch
     from vllm import LLM, SamplingParams
 
@@ -65,6 +65,7 @@ def main(model: str, kernels: str | None, wrapper: str | None, out: Path) -> Non
     from llmopt.evaluation.tokens import TokenCounter
 
     serve.kernels_from_environment()
+    serve.compiled_graph_from_environment()
     folder = Path(model) if Path(model).is_dir() else Path(sources.resolve(model).path)
     served = EngineConfig(linear_kernels=kernels)
     traffic = roofline.served_traffic(folder, served, None)
@@ -72,7 +73,7 @@ def main(model: str, kernels: str | None, wrapper: str | None, out: Path) -> Non
     timer.install(import_modules=True)
     # no prefix caching: the prefill profile sends one prompt again and again
     # in the dtype llmopt serves here (float32 on x86 without AVX-512, where vLLM's bf16 matmul crawls)
-    llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False, compilation_config=compilation_config(wrapper),
+    llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False, compilation_config=compilation_config(wrapper, graph),
               dtype=platform.default_dtype(platform.detect()))
     short = "Write a story about a cat. " * 2
     # the built-in QA workload's first request, as the chat template renders it: a real prefill
@@ -131,29 +132,31 @@ def main(model: str, kernels: str | None, wrapper: str | None, out: Path) -> Non
     print(f"\nwrote {out}")
 
 
-def compilation_config(wrapper: str | None = None) -> dict[str, object] | None:
-    """vLLM's compilation config as llmopt renders it here with the graph's `wrapper` (None: llmopt's
-    choice), which the environment `in_engine_environment` sets goes with: the two are chosen together."""
-    return vllm.engine_kwargs(_settings(None, wrapper), platform.detect()).get("compilation_config")
+def compilation_config(wrapper: str | None = None, graph: str | None = None) -> dict[str, object] | None:
+    """vLLM's compilation config as llmopt renders it here with the graph's `wrapper` and what is
+    compiled, the `graph` or its pieces (None: llmopt's choices), which the environment
+    `in_engine_environment` sets goes with: they are chosen together."""
+    return vllm.engine_kwargs(_settings(None, wrapper, graph), platform.detect()).get("compilation_config")
 
 
-def _settings(chosen: str | None, wrapper: str | None) -> EngineConfig:
-    return EngineConfig(max_model_len=2048, linear_kernels=chosen, compilation=CompilationConfig(wrapper=wrapper))
+def _settings(chosen: str | None, wrapper: str | None, graph: str | None = None) -> EngineConfig:
+    return EngineConfig(max_model_len=2048, linear_kernels=chosen, compilation=CompilationConfig(wrapper=wrapper, graph=graph))
 
 
-def in_engine_environment(chosen: str | None, wrapper: str | None = None) -> None:
+def in_engine_environment(chosen: str | None, wrapper: str | None = None, graph: str | None = None) -> None:
     """Runs this script again, unless it already runs so, in the environment llmopt gives the engine
     here with the linear kernels `chosen` and the graph's `wrapper` (None: llmopt's choices), with
     compiled code of its own for each kernel choice, kernel build and wrapper: the kernels are ops in
     the graph, and vLLM's key for its saved model does not know them (llmopt's compile cache does,
     `compile_cache.linear_build`)."""
-    settings, hw = _settings(chosen, wrapper), platform.detect()
+    settings, hw = _settings(chosen, wrapper, graph), platform.detect()
     engine_env = vllm.environment(settings, hw)
     unset = [name for name in (platform.PACKED_LINEAR_ENV, small_batch_linear.ENV, prefill_attention.ENV, kernels.LIBRARY_ENV,
-                               avx2_int8_linear.ENV, avx2_bf16_linear.ENV, weight_only_int8_linear.ENV) if name not in engine_env]
+                               avx2_int8_linear.ENV, avx2_bf16_linear.ENV, weight_only_int8_linear.ENV,
+                               platform.PIECEWISE_GRAPH_ENV) if name not in engine_env]
     if any(os.environ.get(name) != value for name, value in engine_env.items()) or any(n in os.environ for n in unset):
         clean = {k: v for k, v in os.environ.items() if k not in unset}
-        build = f"{compile_cache.linear_build(settings, hw)} {vllm.graph_wrapper(settings, hw)}"
+        build = f"{compile_cache.linear_build(settings, hw)} {vllm.graph_wrapper(settings, hw)} {vllm.compiled_graph(settings, hw)}"
         cache = Path.home() / ".cache" / "llmopt-step-profile" / build.replace(" ", "-")
         os.execve(sys.executable, [sys.executable, *sys.argv], clean | engine_env | {
             "TQDM_DISABLE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
@@ -164,7 +167,8 @@ if __name__ == "__main__":
     parser.add_argument("--model", default=MODEL, help="a catalogued or imported model, or an artifact's folder")
     parser.add_argument("--kernels", choices=("packed", "llmopt", "vllm"), help="the linear kernels (unset: llmopt's choice here)")
     parser.add_argument("--wrapper", choices=("cpp", "python"), help="Inductor's wrapper of the graph (unset: llmopt's choice here)")
+    parser.add_argument("--graph", choices=("whole", "piecewise"), help="the graph compiled whole or in pieces (unset: llmopt's choice here)")
     results_file.add_out(parser, None, "step_profile.json, step_profile_KERNELS.json with --kernels")
     args = parser.parse_args()
-    in_engine_environment(args.kernels, args.wrapper)
-    main(args.model, args.kernels, args.wrapper, args.out or results_file.RESULTS / (f"step_profile_{args.kernels}.json" if args.kernels else "step_profile.json"))
+    in_engine_environment(args.kernels, args.wrapper, args.graph)
+    main(args.model, args.kernels, args.wrapper, args.graph, args.out or results_file.RESULTS / (f"step_profile_{args.kernels}.json" if args.kernels else "step_profile.json"))

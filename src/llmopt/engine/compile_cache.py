@@ -50,6 +50,7 @@ MODEL_INFOS_DIR = ".model-infos"  # vLLM's facts about a model class, by the has
 # saved model keeps the method's kind and the draft's config, not these, on CPU; on a GPU its key
 # also holds CUDA-graph sizes derived from them, and a start there reports "partly compiled"). n-gram
 # speculation itself changes no graph either: its entry is the plain model's.
+ISA_PROBE_MARK, ISA_PROBE_MAX_BYTES = "_chk_kernel", 1024  # what each of Inductor's instruction-set checks defines
 UNCOMPILED_SPECULATION = frozenset({"num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "schedule"})
 
 
@@ -160,7 +161,7 @@ class Start(BaseModel):
 
     key: str
     outcome: Literal["precompiled", "compiled", "partly compiled"]
-    compiled_files_added: int
+    compiled_files_added: int  # Inductor's instruction-set probes aside (`_isa_probe`)
     ready_seconds: float
     cold_ready_seconds: float | None = None  # the entry's first, compiling start
     discarded_interrupted_compile_files: int = 0
@@ -250,7 +251,7 @@ class Watch:
     def ready(self, ready_seconds: float, started_at: float = 0.0, log_path: Path | None = None) -> "Start":
         """The engine answered: what it compiled is whole. Lets the next start of this key go. Its
         phases and the kernels it copied are read from the server's log (`log_path`), where given."""
-        added = len(self.entry.compiled_files() - self.before)
+        added = sum(not _isa_probe(self.entry.path / name) for name in self.entry.compiled_files() - self.before)
         if not self.before:
             self.entry.record(cold_ready_seconds=ready_seconds)
         (self.entry.path / STARTING_FILE).unlink(missing_ok=True)
@@ -303,6 +304,19 @@ def _log_text(log_path: Path | None) -> str:
         return log_path.read_text(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def _isa_probe(path: Path) -> bool:
+    """One of Inductor's checks that the compiler builds for an instruction set (`cpu_vec_isa`: a
+    few lines of C++ and their library), not a piece of the model. A process runs each check once
+    for every set of flags it asks about, and a start that loads compiled code can ask about one a
+    compiling start did not: on a Zen 4 EPYC a piecewise graph's second start built a third
+    variant of the AVX-512 BF16 check (the first start had built two), and read as partly compiled."""
+    source = path.with_name(path.name.removesuffix(path.suffix) + ".cpp")
+    try:
+        return source.stat().st_size < ISA_PROBE_MAX_BYTES and ISA_PROBE_MARK in source.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def _recorded_state(marker: Path) -> str | None:

@@ -267,13 +267,14 @@ def default_graph_wrapper(hw: Hardware) -> str:
 
 def default_compiled_graph(hw: Hardware) -> str:
     """On a CPU, the whole graph, as vLLM's CPU platform compiles it. Piecewise (vLLM's way on GPUs,
-    kept on a CPU by llmopt's server module) halves a cold compile of SmolLM2-135M on a Zen 3 EPYC
-    (45-52 s against 85-112: a layer's pieces compile once), but each of its 31 pieces is called
-    through vLLM's piecewise backend and AOTAutograd's runtime wrapper every step: served there,
-    SmoothQuant's time between tokens at c=1 rose 0.5-4.2 ms in each of three alternating rounds
-    (0.91x the tokens/s by medians), bf16 read within the noise over six rounds
-    (benchmarks/README.md, "piecewise_compile.py"). A start compiles once an entry, a deployment
-    decodes for hours: piecewise is a setting, for compile-bound work."""
+    kept on a CPU by llmopt's server module) halves a cold compile of SmolLM2-135M (45-52 s against
+    85-112 on a Zen 3 EPYC, 40-49 against 94 on a Zen 4: a layer's pieces compile once), but served
+    its steps are longer: on Zen 3 SmoothQuant's time between tokens at c=1 rose 0.5-4.2 ms in each
+    of three alternating rounds (0.91x the tokens/s; bf16 within the noise), on Zen 4, with
+    Inductor's C++ wrapper, bf16 decoded at 0.73x at c=1 and 0.77x at c=8, behind in every round,
+    where offline its steps were only 0.3-1.1 ms longer (benchmarks/README.md,
+    "piecewise_compile.py"). A start compiles once an entry, a deployment decodes for hours:
+    piecewise is a setting, for compile-bound work."""
     return "whole"
 
 

@@ -338,6 +338,13 @@ def _piecewise_on_cpu() -> None:
     fix_functionalization.FixFunctionalizationPass.__call__ = lambda self, graph: None
 
 
+def compiled_graph_from_environment() -> None:
+    """The graph llmopt's environment asks Inductor to compile, in this process (a server's, or a
+    benchmark's that runs vLLM's offline API): its pieces where `PIECEWISE_GRAPH_ENV` says so."""
+    if os.environ.get(PIECEWISE_GRAPH_ENV) == "1":
+        _piecewise_on_cpu()
+
+
 def kernels_from_environment() -> None:
     """The kernels llmopt's environment asks for, and the lean attention calls (`attention_calls`),
     in this process: the engine core's (a forked core inherits them) or a benchmark's that runs
@@ -383,8 +390,7 @@ if __name__ in ("__main__", "__mp_main__"):
 
     if current_platform.is_cpu():
         _short_warm_up_when_loaded()
-        if os.environ.get(PIECEWISE_GRAPH_ENV) == "1":
-            _piecewise_on_cpu()
+        compiled_graph_from_environment()
     if __name__ == "__main__":
         from vllm.entrypoints.launchers.api_server.entry import main
     gc.enable()
