@@ -12,9 +12,10 @@ lengths. The two alternate, `--rounds` times each; with `--stream-intervals 1,8`
 once per interval (`EngineConfig.stream_interval`: the front end's work a token, against what it
 costs the steps). `--model` takes an artifact's folder too (the offline side loads it as
 `step_profile.py` does, in the dtype llmopt serves here), `--workload` any of `evaluate`'s
-workloads (offline, its prompts with 128 tokens out each). Writes results/served_step.json (or `--out`).
+workloads (offline, its prompts with 128 tokens out each), `--graph whole|piecewise` what Inductor
+compiles, on both sides (unset: llmopt's choice). Writes results/served_step.json (or `--out`).
 
-    .venv/bin/python benchmarks/served_step.py [--rounds N] [--stream-intervals 1,8] [--model M] [--workload W] [--out NAME]
+    .venv/bin/python benchmarks/served_step.py [--rounds N] [--stream-intervals 1,8] [--model M] [--workload W] [--graph G] [--out NAME]
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pydantic import ValidationError
 
 import results_file
 from engine_cpu_settings import LEVELS, LLMOPT, WORKLOAD, deploy_and_measure
-from llmopt.engine.config import EngineConfig
+from llmopt.engine.config import CompilationConfig, EngineConfig
 from phase_timer import phase_timer
 
 MODEL = "smollm2-135m-instruct"
@@ -72,7 +73,7 @@ def intervals(text: str) -> list[int]:
     return found
 
 
-def served(times: Path, interval: int, model: str, dataset: str) -> list[dict]:
+def served(times: Path, interval: int, model: str, dataset: str, graph: str | None) -> list[dict]:
     """A deployment measured as `engine_cpu_settings.py` measures one, its engine core's phases by level."""
     from decode_profile import server_pids
 
@@ -83,7 +84,8 @@ def served(times: Path, interval: int, model: str, dataset: str) -> list[dict]:
         _flushed(times, engine_core[0])  # the start's warm-up runs
 
     # an artifact is served with the engine settings its job wrote (`interval` 1, checked in `main`)
-    engine = None if Path(model).is_dir() else LLMOPT.model_copy(update={"stream_interval": interval})
+    engine = None if Path(model).is_dir() else LLMOPT.model_copy(
+        update={"stream_interval": interval, "compilation": CompilationConfig(graph=graph)})
     row = deploy_and_measure(served_mode(interval), engine,
                              {"PYTHONPATH": str(TIMER_DIR), phase_timer.ENV: str(times)}, ready, model,
                              after_level=lambda level: {f"phases_c{level}": _flushed(times, engine_core[0])}, workload=dataset)
@@ -91,12 +93,12 @@ def served(times: Path, interval: int, model: str, dataset: str) -> list[dict]:
             for level in LEVELS]
 
 
-def offline(out: Path, model: str, dataset: str) -> None:
+def offline(out: Path, model: str, dataset: str, graph: str | None) -> None:
     """In the engine environment (this script run again with --offline OUT): the same lengths in
     vLLM's offline API, `LEVELS` requests a batch size; the rows into `out`."""
     from step_profile import compilation_config, in_engine_environment
 
-    in_engine_environment(None)
+    in_engine_environment(None, None, graph)
     from vllm import LLM, SamplingParams
 
     from llmopt import sources
@@ -104,11 +106,12 @@ def offline(out: Path, model: str, dataset: str) -> None:
     from llmopt.evaluation import workload
 
     serve.kernels_from_environment()
+    serve.compiled_graph_from_environment()
     timer = phase_timer.Timer()
     timer.install(import_modules=True)
     folder = model if Path(model).is_dir() else sources.resolve(model).path
     llm = LLM(str(folder), max_model_len=2048, seed=0, enable_prefix_caching=False,
-              compilation_config=compilation_config(), dtype=platform.default_dtype(platform.detect()))
+              compilation_config=compilation_config(None, graph), dtype=platform.default_dtype(platform.detect()))
     tokenizer = llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template(list(r.messages), tokenize=False, add_generation_prompt=True)
                for r in workload.load(dataset, tokenizer=tokenizer).take(max(LEVELS.values()))]
@@ -125,17 +128,17 @@ def offline(out: Path, model: str, dataset: str) -> None:
     out.write_text(json.dumps(rows))
 
 
-def main(rounds: int, intervals: list[int], model: str, dataset: str, out: Path) -> None:
+def main(rounds: int, intervals: list[int], model: str, dataset: str, graph: str | None, out: Path) -> None:
     from llmopt.engine import platform
 
     times = Path(f"/tmp/llmopt-served-step-{os.getpid()}.jsonl")
     rows = []
     for r in range(rounds):
         subprocess.run([sys.executable, __file__, "--offline", str(times.with_suffix(".offline")), "--model", model,
-                        "--workload", dataset], check=True)
+                        "--workload", dataset, *(["--graph", graph] if graph else [])], check=True)
         rows += [row | {"round": r} for row in json.loads(times.with_suffix(".offline").read_text())]
         for interval in intervals:
-            rows += [row | {"round": r} for row in served(times, interval, model, dataset)]
+            rows += [row | {"round": r} for row in served(times, interval, model, dataset, graph)]
     times.unlink(missing_ok=True)
     times.with_suffix(".offline").unlink(missing_ok=True)
     out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")  # kept should the summary fail
@@ -151,7 +154,7 @@ def main(rounds: int, intervals: list[int], model: str, dataset: str, out: Path)
         print(f"{name:<42}" + "".join(f"{median[c][name]['wall_ms']:>15.3f} ({median[c][name]['cpu_ms']:.3f})" for c in columns))
     print(f"{'output tokens/s':<42}" + "".join(
         f"{statistics.median(row['out_tok_s'] for row in rows if (row['mode'], row['batch']) == c):>24.1f}" for c in columns))
-    out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": model, "workload": dataset,
+    out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": model, "workload": dataset, "graph": graph,
                                "levels": LEVELS, "stream_intervals": intervals, "rows": rows,
                                "medians": {f"{mode} b{batch}": phases for (mode, batch), phases in median.items()}},
                               indent=2) + "\n")
@@ -166,11 +169,14 @@ if __name__ == "__main__":
                         help="served once a round at each (comma-separated, 1 to 4096)")
     parser.add_argument("--model", default=MODEL, help="a catalogued or imported model, or an artifact's folder")
     parser.add_argument("--workload", default=WORKLOAD, help="the requests, as `evaluate --dataset` takes them")
+    parser.add_argument("--graph", choices=("whole", "piecewise"), help="what Inductor compiles (unset: llmopt's choice here)")
     parser.add_argument("--offline", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if Path(args.model).is_dir() and args.stream_intervals != [1]:
         parser.error("an artifact is served with its own engine settings: --stream-intervals takes only 1 with it")
+    if Path(args.model).is_dir() and args.graph:
+        parser.error("an artifact is served with its own engine settings: --graph is for a model")
     if args.offline:
-        offline(args.offline, args.model, args.workload)
+        offline(args.offline, args.model, args.workload, args.graph)
     else:
-        main(args.rounds, args.stream_intervals, args.model, args.workload, args.out)
+        main(args.rounds, args.stream_intervals, args.model, args.workload, args.graph, args.out)
