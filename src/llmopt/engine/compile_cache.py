@@ -45,12 +45,12 @@ IRRELEVANT_SETTINGS = frozenset({"seed", "gpu_memory_utilization", "preload", "k
 SERVED_DIR = ".served"  # per key: the links through which every start names its model
 KERNELS_DIR = ".kernels"  # Inductor's compiled C++ kernels by Inductor's name for them, per torch version, shared by every entry
 MODEL_INFOS_DIR = ".model-infos"  # vLLM's facts about a model class, by the hash of its source file, shared by every entry
+ISA_PROBE_MARK, ISA_PROBE_MAX_BYTES = "_chk_kernel", 1024  # what each of Inductor's instruction-set checks defines
 # Speculation settings that change no compiled graph: how many tokens are proposed and how they are
 # looked up only change how many tokens a step verifies, a dynamic shape (vLLM's own key for its
 # saved model keeps the method's kind and the draft's config, not these, on CPU; on a GPU its key
 # also holds CUDA-graph sizes derived from them, and a start there reports "partly compiled"). n-gram
 # speculation itself changes no graph either: its entry is the plain model's.
-ISA_PROBE_MARK, ISA_PROBE_MAX_BYTES = "_chk_kernel", 1024  # what each of Inductor's instruction-set checks defines
 UNCOMPILED_SPECULATION = frozenset({"num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "schedule"})
 
 
@@ -312,7 +312,7 @@ def _isa_probe(path: Path) -> bool:
     for every set of flags it asks about, and a start that loads compiled code can ask about one a
     compiling start did not: on a Zen 4 EPYC a piecewise graph's second start built a third
     variant of the AVX-512 BF16 check (the first start had built two), and read as partly compiled."""
-    source = path.with_name(path.name.removesuffix(path.suffix) + ".cpp")
+    source = path.with_suffix(".cpp")
     try:
         return source.stat().st_size < ISA_PROBE_MAX_BYTES and ISA_PROBE_MARK in source.read_text(errors="replace")
     except OSError:
