@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import safetensors.torch
-from transformers import AutoTokenizer
 
 import llmopt
 from llmopt import artifact, endpoints, hashing, paths, serving, sources
@@ -26,7 +25,7 @@ from llmopt.errors import LlmoptError
 from llmopt.evaluation import quality
 from llmopt.jobs import store as jobs_store
 
-from conftest import SMALL_ENGINE, run_cli
+from conftest import SMALL_ENGINE, assert_parted_only_at_ties, run_cli
 
 PIECEWISE_LINE = "Compiling a graph for compile range"  # vLLM's piecewise backend, compiling
 WEIGHTS = {"w": np.zeros((2, 3), np.float32), "k_scale": np.array([1.0], np.float32)}
@@ -193,11 +192,7 @@ def test_a_piecewise_graph_compiles_its_pieces_starts_precompiled_and_answers_as
         log = Path(llmopt.get_endpoint("piecewise-ep").log_path).read_text()
     assert first.key != llmopt.get_endpoint(endpoint.name).start.key
     assert PIECEWISE_LINE in log and platform.PIECEWISE_GRAPH_ENV in log
-    whole = quality.greedy_tokens(endpoint.url, endpoint.served_name)
-    parted = quality.divergences(endpoint.url, endpoint.served_name, AutoTokenizer.from_pretrained(endpoint.model_path),
-                                 whole, greedy)
-    agreement = quality.agreement(whole, greedy)
-    assert all(d["tie"] for d in parted) and agreement.identical_outputs >= 0.5, (agreement, parted)
+    assert_parted_only_at_ties(endpoint, quality.greedy_tokens(endpoint.url, endpoint.served_name), greedy)
     with llmopt.deploy(smol.id, name="piecewise-again", engine=piecewise):
         again = llmopt.get_endpoint("piecewise-again")
         assert again.start.key == first.key and again.start.outcome == "precompiled"
