@@ -36,20 +36,9 @@ def run_mode(mode: str, model: str, rounds: int) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, where the patches are
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if mode == "piecewise":
-        import vllm.platforms.cpu as cpu
-        from vllm.compilation.passes.utility import fix_functionalization
-        from vllm.config import CompilationMode
+        from llmopt.engine import piecewise
 
-        chosen = cpu.CpuPlatform.check_and_update_config.__func__
-
-        def piecewise(cls: type, vllm_config: object) -> None:
-            chosen(cls, vllm_config)
-            config = vllm_config.compilation_config
-            config.mode, config.backend, config.compile_sizes = CompilationMode.VLLM_COMPILE, "inductor", []
-            config.splitting_ops = ["vllm::unified_attention_with_output", "vllm::unified_kv_cache_update"]
-
-        cpu.CpuPlatform.check_and_update_config = classmethod(piecewise)
-        fix_functionalization.FixFunctionalizationPass.__call__ = lambda self, graph: None
+        piecewise.use()
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()

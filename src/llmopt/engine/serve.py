@@ -3,7 +3,7 @@ compatibility fix so that a precompiled start loads the model vLLM compiled and 
 vLLM's packed-weight linear kernels where llmopt chose them, on CPU its engine core forked
 rather than spawned, Inductor's compiled C++ kernels shared between compile-cache entries
 (`_shared_inductor_kernels`), on CPU the graph compiled piecewise where llmopt chose it
-(`_piecewise_on_cpu`), and vLLM's rendezvous file kept with its sockets, in the folder that goes
+(`piecewise`), and vLLM's rendezvous file kept with its sockets, in the folder that goes
 with the server (`_rendezvous_in_socket_folder`).
 
 vLLM saves a compiled model whole (Dynamo's trace and Inductor's code, `VLLM_USE_AOT_COMPILE`).
@@ -54,15 +54,12 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from llmopt.engine import (attention_calls, avx2_bf16_linear, avx2_int8_linear, kernels, prefill_attention,
+from llmopt.engine import (attention_calls, avx2_bf16_linear, avx2_int8_linear, kernels, piecewise, prefill_attention,
                            small_batch_int8_linear, small_batch_linear, weight_only_int8_linear)
 from llmopt.engine.platform import (INDUCTOR_KERNELS_ENV, KERNEL_REUSED_LINE,
                                    MODEL_INFOS_ENV, PACKED_LINEAR_ENV, PIECEWISE_GRAPH_ENV, SHORT_WARM_UP_LINE,
                                    SPAWNED_CORE_ENV, VLLM_ATTENTION_CALLS_ENV)
 
-# where a piecewise graph is split: the attention and its KV-cache write, vLLM's ops that write into
-# tensors they are given (the CPU's attention backend takes the write as an op of its own)
-PIECEWISE_SPLITS = ("vllm::unified_attention_with_output", "vllm::unified_kv_cache_update")
 WARM_UP_TOKENS = 16  # a precompiled start's warm-up pass (vLLM's: its whole batch budget, 2,048 by default)
 
 
@@ -310,39 +307,11 @@ def _short_warm_up_when_loaded() -> None:
     CPUModelRunner.warming_up_model = warming_up_model
 
 
-def _piecewise_on_cpu() -> None:
-    """vLLM's CPU platform turns its piecewise compilation (`VLLM_COMPILE`: the graph split at the
-    attention ops, each piece compiled by vLLM's backend, pieces alike compiled once) into one trace
-    of the whole graph (`DYNAMO_TRACE_ONCE`), which Inductor then lowers and compiles layer by layer:
-    a cold compile of SmolLM2-135M took 112 s on a Zen 3 EPYC, 52 s piecewise (three compiled
-    pieces for the 31), whose steps are longer served (`platform.default_compiled_graph`). Kept piecewise here
-    where the platform made that change, with what vLLM's CPU path lacks for it: `compile_sizes`
-    set (the piecewise backend finds a step's shape among them) and vLLM's fix-functionalization
-    pass left out (it names CUDA-only fused ops; Inductor's own decomposition does its work, as it
-    does for the whole graph)."""
-    import vllm.platforms.cpu as cpu
-    from vllm.compilation.passes.utility import fix_functionalization
-    from vllm.config import CompilationMode
-
-    chosen = cpu.CpuPlatform.check_and_update_config.__func__
-
-    def piecewise(cls: type, vllm_config: Any) -> None:
-        asked = vllm_config.compilation_config.mode
-        chosen(cls, vllm_config)
-        config = vllm_config.compilation_config
-        if asked == CompilationMode.VLLM_COMPILE and config.mode == CompilationMode.DYNAMO_TRACE_ONCE:
-            config.mode, config.compile_sizes = CompilationMode.VLLM_COMPILE, []
-            config.splitting_ops = list(PIECEWISE_SPLITS)
-
-    cpu.CpuPlatform.check_and_update_config = classmethod(piecewise)
-    fix_functionalization.FixFunctionalizationPass.__call__ = lambda self, graph: None
-
-
 def compiled_graph_from_environment() -> None:
     """The graph llmopt's environment asks Inductor to compile, in this process (a server's, or a
     benchmark's that runs vLLM's offline API): its pieces where `PIECEWISE_GRAPH_ENV` says so."""
     if os.environ.get(PIECEWISE_GRAPH_ENV) == "1":
-        _piecewise_on_cpu()
+        piecewise.use()
 
 
 def kernels_from_environment() -> None:
