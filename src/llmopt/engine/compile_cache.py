@@ -308,10 +308,10 @@ def _log_text(log_path: Path | None) -> str:
 
 def _isa_probe(path: Path) -> bool:
     """One of Inductor's checks that the compiler builds for an instruction set (`cpu_vec_isa`: a
-    few lines of C++ and their library), not a piece of the model. A process runs each check once
-    for every set of flags it asks about, and a start that loads compiled code can ask about one a
-    compiling start did not: on a Zen 4 EPYC a piecewise graph's second start built a third
-    variant of the AVX-512 BF16 check (the first start had built two), and read as partly compiled."""
+    few lines of C++ and their library), not a piece of the model. A process builds each check once
+    for every set of flags it asks about, in whatever Inductor cache is current when it first asks:
+    a start can build one that the entry's compiling start built elsewhere or with other flags (a
+    piecewise graph's start asks before vLLM points Inductor into its saved model, `piecewise.use`)."""
     source = path.with_suffix(".cpp")
     try:
         return source.stat().st_size < ISA_PROBE_MAX_BYTES and ISA_PROBE_MARK in source.read_text(errors="replace")

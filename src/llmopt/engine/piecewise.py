@@ -24,6 +24,7 @@ def use() -> None:
     shape among them) and vLLM's fix-functionalization pass left out (it names CUDA-only fused ops;
     Inductor's own decomposition does its work, as it does for the whole graph)."""
     import vllm.platforms.cpu as cpu
+    from torch._inductor import cpu_vec_isa
     from vllm.compilation.passes.utility import fix_functionalization
     from vllm.config import CompilationMode
 
@@ -39,3 +40,10 @@ def use() -> None:
 
     cpu.CpuPlatform.check_and_update_config = classmethod(piecewise)
     fix_functionalization.FixFunctionalizationPass.__call__ = lambda self, graph: None
+    # vLLM loads a saved model's pieces on a pool of threads, and the first C++ each loads asks
+    # Inductor which instruction set this processor has. Inductor's AVX-512 check appends
+    # -mavx512bf16 to the instruction set's shared flags while it builds its probe, so a piece
+    # loaded meanwhile named its library by the wrong compile command, missed it and compiled it
+    # again: one precompiled start in eight "partly compiled" on a Zen 4 EPYC. Asked here, once,
+    # before any pool, the answer is kept for the process and for an engine core forked from it.
+    cpu_vec_isa.pick_vec_isa()
