@@ -226,6 +226,39 @@ def test_a_forked_engine_core_gets_the_inductor_options_a_spawned_one_reads_at_i
     assert done.stdout.split() == ["False", "fork", "True", "1"]
 
 
+# minor page faults of a call 200 frames deep, made 2,000 times, from where a process stands and
+# from the frame that runs a forked engine core's loop
+FRAME_CHUNKS = """
+import resource
+from llmopt.engine import serve
+
+def deep(n):
+    a = b = c = d = e = f = g = h = n
+    return deep(n - 1) if n else a
+
+def faults(times):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(times):
+        deep(200)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+faults(10)
+print(faults(2000), serve._on_a_frame_chunk_of_its_own(faults, 2000))
+"""
+
+
+@pytest.mark.vllm
+def test_a_forked_engine_cores_loop_runs_on_a_frame_chunk_that_nothing_else_ends() -> None:
+    """CPython unmaps a chunk of its frame stack as soon as the frame that opened it returns: calls
+    that cross a chunk's end map and fault fresh pages every time (a piecewise graph's step did, in
+    a forked core, 30 times a step). Deeper than a chunk, the calls here cross one every time from
+    where the process stands, and none from the frame the forked core's loop runs in."""
+    done = subprocess.run([sys.executable, "-c", FRAME_CHUNKS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    anywhere, own_chunk = map(int, done.stdout.split())
+    assert anywhere > 4000 and own_chunk < 100, (anywhere, own_chunk)
+
+
 AVX512 = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512f")
 
 
