@@ -227,10 +227,12 @@ def test_a_forked_engine_core_gets_the_inductor_options_a_spawned_one_reads_at_i
 
 
 # minor page faults of a call 200 frames deep, made 2,000 times, from where a process stands and
-# from the frame that runs a forked engine core's loop
+# as a forked engine core's loop (vLLM's process target, as llmopt's server module leaves it)
 FRAME_CHUNKS = """
-import resource
+import inspect, resource
 from llmopt.engine import serve
+from vllm.v1.engine import utils
+from vllm.v1.engine.core import EngineCoreProc
 
 def deep(n):
     a = b = c = d = e = f = g = h = n
@@ -242,8 +244,11 @@ def faults(times):
         deep(200)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
+assert "target=EngineCoreProc.run_engine_core" in inspect.getsource(utils.CoreEngineProcManager.__init__)
+EngineCoreProc.run_engine_core = staticmethod(faults)
+serve._forked_engine_core()
 faults(10)
-print(faults(2000), serve._on_a_frame_chunk_of_its_own(faults, 2000))
+print(faults(2000), EngineCoreProc.run_engine_core(times=2000))
 """
 
 

@@ -42,8 +42,9 @@ def use() -> None:
     fix_functionalization.FixFunctionalizationPass.__call__ = lambda self, graph: None
     # vLLM loads a saved model's pieces on a pool of threads, and the first C++ each loads asks
     # Inductor which instruction set this processor has. Inductor's AVX-512 check appends
-    # -mavx512bf16 to the instruction set's shared flags while it builds its probe, so a piece
-    # loaded meanwhile named its library by the wrong compile command, missed it and compiled it
-    # again: one precompiled start in eight "partly compiled" on a Zen 4 EPYC. Asked here, once,
-    # before any pool, the answer is kept for the process and for an engine core forked from it.
+    # -mavx512bf16 to the instruction set's shared flags while it builds its probe and restores
+    # what it saved after: two checks at once, and the second restores the first's flag for good.
+    # Libraries were then named by another compile command, missed and compiled again: one
+    # precompiled start in eight "partly compiled" on a Zen 4 EPYC. Asked here, once, before any
+    # pool, the answer is kept for the process and for an engine core forked from it.
     cpu_vec_isa.pick_vec_isa()

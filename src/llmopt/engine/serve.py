@@ -49,6 +49,7 @@ if __name__ in ("__main__", "__mp_main__"):
     # what its start made, `freeze_gc_heap`).
     gc.disable()
 
+import functools
 import importlib
 import os
 from pathlib import Path
@@ -60,7 +61,7 @@ from llmopt.engine.platform import (INDUCTOR_KERNELS_ENV, KERNEL_REUSED_LINE,
                                    MODEL_INFOS_ENV, PACKED_LINEAR_ENV, PIECEWISE_GRAPH_ENV, SHORT_WARM_UP_LINE,
                                    SPAWNED_CORE_ENV, VLLM_ATTENTION_CALLS_ENV)
 
-FRAME_CHUNK_HEADROOM_WORDS = 1 << 15  # 256 KiB of frame slots: the engine core's loop, however deep, within them (`_on_a_frame_chunk_of_its_own`)
+FRAME_CHUNK_HEADROOM_WORDS = 1 << 15  # 256 KiB of frame slots: room for the engine core's loop, some 1,400 frames (`_on_a_frame_chunk_of_its_own`)
 WARM_UP_TOKENS = 16  # a precompiled start's warm-up pass (vLLM's: its whole batch budget, 2,048 by default)
 
 
@@ -185,8 +186,7 @@ def _forked_engine_core() -> None:
     allowed = os.sched_getaffinity(0)
     os.register_at_fork(after_in_child=lambda: os.sched_setaffinity(0, allowed))
     utils.get_mp_context = fork  # imported by name there, and called once the engine is configured
-    run = EngineCoreProc.run_engine_core
-    EngineCoreProc.run_engine_core = staticmethod(lambda *args, **kwargs: _on_a_frame_chunk_of_its_own(run, *args, **kwargs))
+    EngineCoreProc.run_engine_core = staticmethod(functools.partial(_on_a_frame_chunk_of_its_own, EngineCoreProc.run_engine_core))
 
 
 def _on_a_frame_chunk_of_its_own(run: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
