@@ -7,7 +7,7 @@ matmul rates; beside it, llmopt's prefill attention kernel (`engine/prefill_atte
 AVX-512 BF16 processors without AMX; `engine/avx2_prefill_attention.cpp` on AVX2 ones) on the
 same prefill and mixed calls, and torch's own `scaled_dot_product_attention` on the same prefill
 (causal, grouped heads). Then decode-only steps as a served step meets them (batch 1, 4 and 8 over
-`SERVED_CONTEXT` tokens), vLLM's kernel and, on AVX2, llmopt's (which takes them there): once with
+`SERVED_CONTEXT` tokens), vLLM's kernel and llmopt's (which takes them): once with
 every call against its own layer's cache of `LAYERS` (as in the engine, where the weights streamed
 between two layers push the KV cache out of the processor's caches: the working set is the whole
 cache) and once with all of them against one layer's (hot in the caches), in ms a step and GB/s of
@@ -142,7 +142,7 @@ def main() -> None:
               f"{row['prefill_ms_all_layers']:>15} ms {row['sdpa_prefill_ms']:>13} {row['sdpa_gflops']:>8} "
               f"{row.get('llmopt_prefill_ms', '-'):>14} {row.get('llmopt_prefill_gflops', '-'):>8} {row.get('llmopt_mixed_ms', '-'):>12}")
     torch.set_num_threads(2)  # as the engine runs on these 2-core machines
-    served = served_decodes(dtype, isa, ours and platform.kernel_library(hw) is kernels.AVX2)
+    served = served_decodes(dtype, isa, ours)
     print(f"\ndecode-only steps over {SERVED_CONTEXT} tokens, {LAYERS} layers, 2 threads, ms a step (GB/s of the cache):")
     kinds = [key[:-len("_ms_a_step")] for key in served[0] if key.endswith("_ms_a_step")]
     print(f"{'batch':>5} {'cache MB':>8}" + "".join(f"{kind:>20}" for kind in kinds))

@@ -31,7 +31,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 #include "prefill_attention.h"
@@ -81,15 +80,7 @@ inline float horizontal(__m256 v, Op op) {
   return _mm_cvtss_f32(op(x, _mm_shuffle_ps(x, x, 1)));
 }
 
-// One sequence's cache for one KV head: token t's keys at keys[block(t) * stride + d * block_size +
-// t % block_size], its values at values[block(t) * stride + (t % block_size) * D + d].
-struct Cache {
-  const float* keys;
-  const float* values;
-  int64_t stride;
-  const int32_t* blocks;
-  int64_t block_size;
-};
+using Cache = llmopt_attention::Cache<float>;
 
 // Scores of N query rows against keys [0, count), scaled, into `scores` (row stride `padded`).
 template <int D, int N>
@@ -117,11 +108,6 @@ void score_tile(const float* query, int64_t query_stride, const Cache& cache, in
     }
   }
 }
-
-// A row's softmax, unnormalized: its scores less `shift` (the largest), exponentiated, sum to `sum`.
-struct Softmax {
-  float shift, sum;
-};
 
 // Row softmax over keys [0, visible), in place, unnormalized and zero up to `count` rounded up to
 // a vector (keys past `visible` may be past the sequence: never read as numbers).
@@ -269,89 +255,13 @@ void decode_values(const float* probs, int64_t padded, const Cache& cache, int64
   }
 }
 
-// Parts each sequence's context is cut into, for every KV head, on a decode-only step: where its
-// tiles (sequence by KV head) are few and do not share out evenly among the threads, as SmolLM2's
-// three KV heads at batch 1 on two threads (one thread would read two thirds of the cache), enough
-// parts of whole blocks that every thread reads as much; their softmaxes are merged after.
-inline int64_t decode_parts(int64_t tiles, int64_t threads) {
-  return tiles < 4 * threads ? threads / std::gcd(tiles, threads) : 1;
-}
-
-// One query head's part of a context cut in parts: its outputs over the part's keys, not yet
-// divided, with its softmax.
-template <int D>
-struct Partial {
-  Softmax softmax;
-  float total[D];
-};
-
-// The outputs of a query head from its parts: each part's sum and outputs scaled to the largest
-// shift of all (a part with no keys weighs nothing), then divided.
-template <int D>
-void merge(const Partial<D>* parts, int64_t count, float* out) {
-  float shift = -std::numeric_limits<float>::infinity();
-  for (int64_t p = 0; p < count; ++p) shift = std::max(shift, parts[p].softmax.shift);
-  float sum = 0, total[D] = {};
-  for (int64_t p = 0; p < count; ++p) {
-    if (parts[p].softmax.sum == 0) continue;
-    const float weight = std::exp(parts[p].softmax.shift - shift);
-    sum += weight * parts[p].softmax.sum;
-    for (int j = 0; j < D; ++j) total[j] += weight * parts[p].total[j];
-  }
-  for (int j = 0; j < D; ++j) out[j] = total[j] / sum;
-}
-
-// A decode-only step: one tile per sequence and KV head, its query heads kDecodeRows at a time, its
-// context in `decode_parts` parts.
-template <int D>
-void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache,
-                    const at::Tensor& value_cache, const Step& step, float scale, const at::Tensor& block_table,
-                    int64_t widest) {
-  const int64_t kv_heads = key_cache.size(1), heads = query.size(1), group = heads / kv_heads;
-  const int64_t block_size = key_cache.size(2), tiles = step.sequences * kv_heads;
-  const int64_t parts = decode_parts(tiles, at::get_num_threads()), items = tiles * parts;
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), items);
-  std::vector<Partial<D>> partials(parts > 1 ? step.sequences * heads * parts : 0);  // by sequence, head, part
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(kDecodeRows * widest);
-    for (int64_t thread = begin; thread < end; ++thread)
-      for (int64_t i = thread; i < items; i += threads) {
-        const int64_t s = i / parts / kv_heads, g = i / parts % kv_heads, part = i % parts, count = step.lengths[s];
-        const int64_t blocks = (count + block_size - 1) / block_size;
-        const int64_t first = part * blocks / parts * block_size;
-        const int64_t last = std::min<int64_t>(count, (part + 1) * blocks / parts * block_size);
-        const Cache cache{key_cache.data_ptr<float>() + g * key_cache.stride(1),
-                          value_cache.data_ptr<float>() + g * value_cache.stride(1), key_cache.stride(0),
-                          block_table.data_ptr<int32_t>() + s * block_table.stride(0), block_size};
-        for (int64_t h = g * group; h < (g + 1) * group; h += kDecodeRows) {
-          const float* q = query.data_ptr<float>() + step.starts[s] * query.stride(0) + h * query.stride(1);
-          float* o = output.data_ptr<float>() + step.starts[s] * output.stride(0) + h * output.stride(1);
-          with_rows<kDecodeRows>(std::min<int64_t>(kDecodeRows, (g + 1) * group - h), [&](auto rows) {
-            constexpr int N = decltype(rows)::value;
-            Softmax softmax[N];
-            alignas(32) float total[N][D] = {};
-            for (int r = 0; r < N; ++r) softmax[r] = {-std::numeric_limits<float>::infinity(), 0};
-            if (first < last) {
-              decode_scores<D, N>(q, query.stride(1), cache, first, last, scale, scores.data(), widest);
-              for (int r = 0; r < N; ++r) softmax[r] = softmax_row(scores.data() + r * widest + first, last - first, last - first);
-              decode_values<D, N>(scores.data(), widest, cache, first, last, total);
-            }
-            for (int r = 0; r < N; ++r) {
-              if (parts == 1) {
-                for (int j = 0; j < D; ++j) o[r * output.stride(1) + j] = total[r][j] / softmax[r].sum;
-                continue;
-              }
-              Partial<D>& partial = partials[((s * heads) + h + r) * parts + part];
-              partial.softmax = softmax[r];
-              std::copy(total[r], total[r] + D, partial.total);
-            }
-          });
-        }
-      }
-  });
-  for (int64_t row = 0; parts > 1 && row < step.sequences * heads; ++row)
-    merge<D>(&partials[row * parts], parts,
-             output.data_ptr<float>() + step.starts[row / heads] * output.stride(0) + row % heads * output.stride(1));
+// A decode tile: N query heads' softmaxes and undivided outputs over keys [first, last).
+template <int D, int N>
+void decode_tile(const float* query, int64_t query_stride, const Cache& cache, int64_t first, int64_t last, float scale,
+                 float* scores, int64_t widest, Softmax (&softmax)[N], float (&total)[N][D]) {
+  decode_scores<D, N>(query, query_stride, cache, first, last, scale, scores, widest);
+  for (int r = 0; r < N; ++r) softmax[r] = softmax_row(scores + r * widest + first, last - first, last - first);
+  decode_values<D, N>(scores, widest, cache, first, last, total);
 }
 
 template <int D>
@@ -360,7 +270,9 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
   const int64_t heads = query.size(1), group = heads / key_cache.size(1);
   int64_t widest = 0;  // a row of scores, keys rounded up to a tile
   for (int64_t s = 0; s < step.sequences; ++s) widest = std::max<int64_t>(widest, (step.lengths[s] + kKeys - 1) / kKeys * kKeys);
-  if (step.decodes) return attend_decodes<D>(output, query, key_cache, value_cache, step, scale, block_table, widest);
+  if (step.decodes)
+    return attend_decodes<float, D, kDecodeRows>(output, query, key_cache, value_cache, step, scale, block_table, widest,
+                                                 [](auto rows, auto&&... args) { decode_tile<D, decltype(rows)::value>(args...); });
   const float* keys = key_cache.data_ptr<float>();
   const float* values = value_cache.data_ptr<float>();
   const int32_t* table = block_table.data_ptr<int32_t>();

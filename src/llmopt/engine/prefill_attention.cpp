@@ -11,8 +11,17 @@
 //   O = P V:   P rounded to bf16, as vLLM's AMX path rounds it, sharing each loaded pair of values.
 // Before that, each sequence's keys and values are copied once out of the paged cache into pair
 // order (two key dimensions, or two tokens' values, side by side), shared by every query row
-// and every query head of the KV head. That copy reads the whole context, so steps whose
-// queries are all short (decodes) stay with vLLM's kernel, which reads the cache in place.
+// and every query head of the KV head. That copy reads the whole context once for a prompt's many
+// rows; a decode has one.
+//
+// Decode-only steps (one query in every sequence) read the cache in place, in fp32 from exact
+// widenings of its bf16: there the cache is cold (a served step's weights stream through the caches
+// between two layers), and vLLM's kernel read it at 12-13 GB/s on Zen 4 at batch 4 and 8 where it
+// read the same bytes hot at 31-33 (benchmarks/README.md, "cpu_attention.py"). One tile is a
+// sequence's KV head with its query heads as rows, so a key is read once for the group, and each
+// block front to back: all its keys of four dimensions at a time (the scores summed in L1), then
+// each token's values whole. At batch 1 each context is cut in parts (`decode_parts`), merged as a
+// split softmax. The AVX2 kernel (`avx2_prefill_attention.cpp`) does the same in float32.
 //
 // vLLM's `vec` cache layout, per block and KV head: keys transposed, [head_size][block_size];
 // values as written, [block_size][head_size]. Anything this kernel does not do (sliding windows,
@@ -37,6 +46,8 @@ using namespace llmopt_attention;
 
 constexpr int64_t kKeys = 32;       // keys a score tile covers (two vectors of 16)
 constexpr int64_t kRows = 8;        // query rows sharing each loaded key pair
+constexpr int kDecodeRows = 4;      // query heads of a group a decode tile takes at once, half that at head size 128
+                                    // (their values' accumulators, rows x D/16 vectors, stay in registers)
 
 // 2^x for x in fp32 lanes, x <= 0: x = n + f, |f| <= 0.5, 2^f by its Taylor series to f^6
 // (relative error under 2e-7), scaled by 2^n.
@@ -213,12 +224,139 @@ void query_tile(int64_t n, const at::BFloat16* query, int64_t query_stride, cons
   });
 }
 
+// 16 bf16 widened to fp32, exactly (a bf16 is the upper half of a float32).
+inline __m512 widen(const at::BFloat16* p) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// Scores of N decode rows (the same token, N query heads `query_stride` apart) against keys [first,
+// count), `first` on a block's boundary, scaled, into `scores` (row stride `padded`, indexed by key):
+// a block's keys read front to back, four dimensions' lines at a time.
+template <int D, int N>
+void decode_scores(const at::BFloat16* query, int64_t query_stride, const Cache<at::BFloat16>& cache, int64_t first,
+                   int64_t count, float scale, float* scores, int64_t padded) {
+  constexpr int kDims = 4;
+  for (int64_t b0 = first; b0 < count; b0 += cache.block_size) {
+    const at::BFloat16* k = cache.keys + cache.blocks[b0 / cache.block_size] * cache.stride;
+    // the next block's keys (after the last, the first block's values), fetched while this one's are summed
+    const char* next = reinterpret_cast<const char*>(
+        b0 + cache.block_size < count ? cache.keys + cache.blocks[b0 / cache.block_size + 1] * cache.stride
+                                      : cache.values + cache.blocks[first / cache.block_size] * cache.stride);
+    const int64_t vectors = (std::min(cache.block_size, count - b0) + 15) / 16;
+    for (int r = 0; r < N; ++r)
+      for (int64_t v = 0; v < vectors; ++v) _mm512_storeu_ps(scores + r * padded + b0 + v * 16, _mm512_setzero_ps());
+    for (int d = 0; d < D; d += kDims) {
+      for (int64_t byte = 0; byte < kDims * cache.block_size * 2; byte += 64)
+          _mm_prefetch(next + d * cache.block_size * 2 + byte, _MM_HINT_T0);
+      __m512 x[N][kDims];
+#pragma GCC unroll 8
+      for (int r = 0; r < N; ++r)
+#pragma GCC unroll 4
+        for (int i = 0; i < kDims; ++i) x[r][i] = _mm512_set1_ps(static_cast<float>(query[r * query_stride + d + i]));
+      const at::BFloat16* line = k + d * cache.block_size;
+      for (int64_t v = 0; v < vectors; ++v) {
+        __m512 keys[kDims];
+#pragma GCC unroll 4
+        for (int i = 0; i < kDims; ++i) keys[i] = widen(line + i * cache.block_size + v * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < N; ++r) {
+          float* sum = scores + r * padded + b0 + v * 16;
+          __m512 acc = _mm512_loadu_ps(sum);
+#pragma GCC unroll 4
+          for (int i = 0; i < kDims; ++i) acc = _mm512_fmadd_ps(x[r][i], keys[i], acc);
+          _mm512_storeu_ps(sum, acc);
+        }
+      }
+    }
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int r = 0; r < N; ++r)
+      for (int64_t v = 0; v < vectors; ++v) {
+        float* sum = scores + r * padded + b0 + v * 16;
+        _mm512_storeu_ps(sum, _mm512_mul_ps(_mm512_loadu_ps(sum), s));
+      }
+  }
+}
+
+// A decode row's softmax over its `visible` scores, in place, unnormalized and zero up to a whole
+// vector; summed a block of 128 keys at a time, as the values are.
+inline Softmax decode_softmax(float* scores, int64_t visible) {
+  const auto live = [visible](int64_t t) {
+    return visible - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (visible - t)) - 1);
+  };
+  __m512 peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < visible; t += 16) peak = _mm512_mask_loadu_ps(peak, live(t), scores + t);
+  const float largest = _mm512_reduce_max_ps(peak);
+  const __m512 log2e = _mm512_set1_ps(1.4426950408889634f), shift = _mm512_set1_ps(largest * 1.4426950408889634f);
+  __m512 sum = _mm512_setzero_ps(), part = sum;
+  for (int64_t t = 0; t < visible; t += 16) {
+    const __m512 e = _mm512_maskz_mov_ps(live(t), exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(scores + t), log2e, shift)));
+    part = _mm512_add_ps(part, e);
+    if (t % 128 == 112) sum = _mm512_add_ps(sum, part), part = _mm512_setzero_ps();
+    _mm512_storeu_ps(scores + t, e);
+  }
+  return {largest, _mm512_reduce_add_ps(_mm512_add_ps(sum, part))};
+}
+
+// Probabilities (row stride `padded`, indexed by key) times values over keys [first, count), added
+// to `total`: each token's D values read whole; each block's products summed apart and then added up.
+template <int D, int N>
+void decode_values(const float* probs, int64_t padded, const Cache<at::BFloat16>& cache, int64_t first, int64_t count,
+                   float (&total)[N][D]) {
+  constexpr int V = D / 16;
+  for (int64_t b0 = first; b0 < count; b0 += cache.block_size) {
+    const at::BFloat16* v = cache.values + cache.blocks[b0 / cache.block_size] * cache.stride;
+    const char* next = b0 + cache.block_size < count
+        ? reinterpret_cast<const char*>(cache.values + cache.blocks[b0 / cache.block_size + 1] * cache.stride) : nullptr;
+    const int64_t tokens = std::min(cache.block_size, count - b0);
+    __m512 acc[N][V];
+#pragma GCC unroll 8
+    for (int r = 0; r < N; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (next)
+        for (int byte = 0; byte < D * 2; byte += 64) _mm_prefetch(next + t * D * 2 + byte, _MM_HINT_T0);
+      __m512 values[V];
+#pragma GCC unroll 8
+      for (int j = 0; j < V; ++j) values[j] = widen(v + t * D + j * 16);
+#pragma GCC unroll 8
+      for (int r = 0; r < N; ++r) {
+        const __m512 x = _mm512_set1_ps(probs[r * padded + b0 + t]);
+#pragma GCC unroll 8
+        for (int j = 0; j < V; ++j) acc[r][j] = _mm512_fmadd_ps(x, values[j], acc[r][j]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < N; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < V; ++j)
+        _mm512_storeu_ps(total[r] + j * 16, _mm512_add_ps(_mm512_loadu_ps(total[r] + j * 16), acc[r][j]));
+  }
+}
+
+// A decode tile: N query heads' softmaxes and undivided outputs over keys [first, last).
+template <int D, int N>
+void decode_tile(const at::BFloat16* query, int64_t query_stride, const Cache<at::BFloat16>& cache, int64_t first,
+                 int64_t last, float scale, float* scores, int64_t widest, Softmax (&softmax)[N], float (&total)[N][D]) {
+  decode_scores<D, N>(query, query_stride, cache, first, last, scale, scores, widest);
+  for (int r = 0; r < N; ++r) softmax[r] = decode_softmax(scores + r * widest + first, last - first);
+  decode_values<D, N>(scores, widest, cache, first, last, total);
+}
+
 template <int D>
 void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
             const Step& step, float scale, const at::Tensor& block_table) {
   const int64_t heads = query.size(1), kv_heads = key_cache.size(1), block_size = key_cache.size(2);
   const int64_t group = heads / kv_heads, sequences = step.sequences;
   const int32_t* lengths = step.lengths;
+  if (step.decodes) {
+    int64_t widest = 0;  // a row of scores, keys rounded up to a tile
+    for (int64_t s = 0; s < sequences; ++s) widest = std::max<int64_t>(widest, (lengths[s] + kKeys - 1) / kKeys * kKeys);
+    return attend_decodes<at::BFloat16, D, D <= 64 ? kDecodeRows : kDecodeRows / 2>(
+        output, query, key_cache, value_cache, step, scale, block_table, widest,
+        [](auto rows, auto&&... args) { decode_tile<D, decltype(rows)::value>(args...); });
+  }
   // Scratch: every sequence's keys and values in pair order, per KV head.
   std::vector<int64_t> padded(sequences), offset(sequences + 1, 0);
   int64_t widest = 0;
@@ -259,5 +397,5 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
 
 TORCH_LIBRARY_FRAGMENT(llmopt, m) { m.def(llmopt_attention::kSchema); }
 TORCH_LIBRARY_IMPL(llmopt, CPU, m) {
-  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kBFloat16, kKeys, false, attend<64>, attend<128>>);
+  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kBFloat16, kKeys, true, attend<64>, attend<128>>);
 }

@@ -13,7 +13,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -163,6 +166,106 @@ void for_query_tiles(const Step& step, int64_t heads, int64_t rows, Worker worke
     for (int64_t thread = begin; thread < end; ++thread)
       for (size_t i = thread; i < tiles.size(); i += threads) work(tiles[i]);
   });
+}
+
+// One sequence's cache for one KV head, vLLM's `vec` layout: token t's keys at keys[block(t) * stride +
+// d * block_size + t % block_size], its values at values[block(t) * stride + (t % block_size) * D + d].
+template <typename T>
+struct Cache {
+  const T* keys;
+  const T* values;
+  int64_t stride;
+  const int32_t* blocks;
+  int64_t block_size;
+};
+
+// A row's softmax, unnormalized: its scores less `shift` (the largest), exponentiated, sum to `sum`.
+struct Softmax {
+  float shift, sum;
+};
+
+// Parts each sequence's context is cut into, for every KV head, on a decode-only step: where its
+// tiles (sequence by KV head) are few and do not share out evenly among the threads, as SmolLM2's
+// three KV heads at batch 1 on two threads (one thread would read two thirds of the cache), enough
+// parts of whole blocks that every thread reads as much; their softmaxes are merged after.
+inline int64_t decode_parts(int64_t tiles, int64_t threads) {
+  return tiles < 4 * threads ? threads / std::gcd(tiles, threads) : 1;
+}
+
+// One query head's part of a context cut in parts: its outputs over the part's keys, not yet
+// divided, with its softmax.
+template <int D>
+struct Partial {
+  Softmax softmax;
+  float total[D];
+};
+
+// The outputs of a query head from its parts: each part's sum and outputs scaled to the largest
+// shift of all (a part with no keys weighs nothing), then divided.
+template <typename T, int D>
+void merge(const Partial<D>* parts, int64_t count, T* out) {
+  float shift = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < count; ++p) shift = std::max(shift, parts[p].softmax.shift);
+  float sum = 0, total[D] = {};
+  for (int64_t p = 0; p < count; ++p) {
+    if (parts[p].softmax.sum == 0) continue;
+    const float weight = std::exp(parts[p].softmax.shift - shift);
+    sum += weight * parts[p].softmax.sum;
+    for (int j = 0; j < D; ++j) total[j] += weight * parts[p].total[j];
+  }
+  for (int j = 0; j < D; ++j) out[j] = static_cast<T>(total[j] / sum);
+}
+
+// A decode-only step: one tile per sequence and KV head, its query heads `Rows` at a time, its
+// context in `decode_parts` parts. `tile(rows, query, query_stride, cache, first, last, scale,
+// scores, widest, softmax, total)` gives `rows` (a compile-time count) query heads' softmaxes and
+// undivided outputs over keys [first, last), `first` on a block's boundary, with `scores` as
+// scratch (row stride `widest`, indexed by key).
+template <typename T, int D, int Rows, typename DecodeTile>
+void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache,
+                    const at::Tensor& value_cache, const Step& step, float scale, const at::Tensor& block_table,
+                    int64_t widest, DecodeTile tile) {
+  const int64_t kv_heads = key_cache.size(1), heads = query.size(1), group = heads / kv_heads;
+  const int64_t block_size = key_cache.size(2), tiles = step.sequences * kv_heads;
+  const int64_t parts = decode_parts(tiles, at::get_num_threads()), items = tiles * parts;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), items);
+  std::vector<Partial<D>> partials(parts > 1 ? step.sequences * heads * parts : 0);  // by sequence, head, part
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(Rows * widest);
+    for (int64_t thread = begin; thread < end; ++thread)
+      for (int64_t i = thread; i < items; i += threads) {
+        const int64_t s = i / parts / kv_heads, g = i / parts % kv_heads, part = i % parts, count = step.lengths[s];
+        const int64_t blocks = (count + block_size - 1) / block_size;
+        const int64_t first = part * blocks / parts * block_size;
+        const int64_t last = std::min<int64_t>(count, (part + 1) * blocks / parts * block_size);
+        const Cache<T> cache{key_cache.data_ptr<T>() + g * key_cache.stride(1),
+                             value_cache.data_ptr<T>() + g * value_cache.stride(1), key_cache.stride(0),
+                             block_table.data_ptr<int32_t>() + s * block_table.stride(0), block_size};
+        for (int64_t h = g * group; h < (g + 1) * group; h += Rows) {
+          const T* q = query.data_ptr<T>() + step.starts[s] * query.stride(0) + h * query.stride(1);
+          T* o = output.data_ptr<T>() + step.starts[s] * output.stride(0) + h * output.stride(1);
+          with_rows<Rows>(std::min<int64_t>(Rows, (g + 1) * group - h), [&](auto rows) {
+            constexpr int N = decltype(rows)::value;
+            Softmax softmax[N];
+            alignas(64) float total[N][D] = {};
+            for (int r = 0; r < N; ++r) softmax[r] = {-std::numeric_limits<float>::infinity(), 0};
+            if (first < last) tile(rows, q, query.stride(1), cache, first, last, scale, scores.data(), widest, softmax, total);
+            for (int r = 0; r < N; ++r) {
+              if (parts == 1) {
+                for (int j = 0; j < D; ++j) o[r * output.stride(1) + j] = static_cast<T>(total[r][j] / softmax[r].sum);
+                continue;
+              }
+              Partial<D>& partial = partials[((s * heads) + h + r) * parts + part];
+              partial.softmax = softmax[r];
+              std::copy(total[r], total[r] + D, partial.total);
+            }
+          });
+        }
+      }
+  });
+  for (int64_t row = 0; parts > 1 && row < step.sequences * heads; ++row)
+    merge<T, D>(&partials[row * parts], parts,
+                output.data_ptr<T>() + step.starts[row / heads] * output.stride(0) + row % heads * output.stride(1));
 }
 
 }  // namespace llmopt_attention

@@ -1,9 +1,11 @@
 """llmopt's prefill attention kernels: causal attention over vLLM's paged KV cache, called where
 vLLM's CPU attention backend calls its kernel, on processors without AMX, for steps that carry a
-prompt (a sequence with 16 queries or more), and with the AVX2 one, for decode-only steps too (one
-query in every sequence); other steps, and anything a kernel does not do, go to vLLM's kernel,
-those of fewer than 16 tokens before they leave Python. There are two, one per kernel library
-(`kernels`), registered as the same op with what they share in `prefill_attention.h`:
+prompt (a sequence with 16 queries or more) and for decode-only steps (one query in every
+sequence); other steps, and anything a kernel does not do, go to vLLM's kernel, those of fewer
+than 16 tokens and not one a sequence before they leave Python. There are two, one per kernel
+library (`kernels`), registered as the same op with what they share in `prefill_attention.h` (the
+op, which calls are theirs, and how a step's tiles, a decode-only step's too, are shared among
+threads):
 
 - `prefill_attention.cpp`, bf16 with AVX-512 BF16 dot products. Without AMX vLLM's kernel computes
   attention at the processor's fp32 rate: on the project's Zen 5 EPYC a quarter of bf16's
@@ -13,7 +15,11 @@ those of fewer than 16 tokens before they leave Python. There are two, one per k
   them, so its outputs are not vLLM's `vec` path's bits: against attention computed in float64
   they are no further off than vLLM's at their largest, 1.3-1.6x on average. Keeping P's rounding
   error out (P in two bf16 parts) cost a third of the gain and moved no perplexity measurably
-  (benchmarks/README.md, "prefill_attention.py").
+  (benchmarks/README.md, "prefill_attention.py"). Decode-only steps read the cache in place, in
+  fp32 from exact widenings of its bf16: a served step meets that cache cold, and vLLM's kernel
+  read it at 11-13 GB/s on Zen 4 at batch 4 and 8 over 700 tokens, this one at 16-20 (the next
+  block fetched ahead while one is summed), 1.45-2.0x; 1.09x output tokens/s served at batch 8
+  on 700-token prompts (`benchmarks/README.md`, "cpu_attention.py").
 - `avx2_prefill_attention.cpp`, float32 with AVX2 FMA, on x86 without AVX-512 (served in float32):
   there vLLM's `vec` path spent a quarter of the same prefill at about 54 GFLOP/s, against 133 for
   the linear layers beside it (Zen 3, `step_profile.py`). It reads the cache in place and rounds
@@ -42,10 +48,9 @@ BLOCK = 128  # vLLM's CPU block size
 MIN_QUERIES = kernels.ATTENTION_MIN_QUERIES  # a step is the kernel's when one of its sequences has this many queries
 # Shapes a new build is checked on: SmolLM2-135M's heads, Qwen2.5-Coder-0.5B's and -1.5B's; each
 # with (queries, sequence length) per request: a prompt, a prompt after a cached prefix, a prompt
-# beside decodes (a mixed step), short ones; decodes alone (the AVX2 kernel's; handed over in Python
-# by the other), one decode (its context cut in parts where the KV heads do not share out evenly
-# among the threads), one over a single block, 16 decodes; and two 15-token chunks (handed to vLLM's
-# kernel by the kernel).
+# beside decodes (a mixed step), short ones; decodes alone, one decode (its context cut in parts
+# where the KV heads do not share out evenly among the threads), one over a single block, 16
+# decodes; and two 15-token chunks (handed to vLLM's kernel by the kernel).
 CHECKED_HEADS = ((9, 3, 64), (14, 2, 64), (12, 2, 128))
 CHECKED_REQUESTS = (((300, 300),), ((200, 700),), ((1, 500), (1, 90), (40, 40)), ((16, 16), (3, 130), (17, 33)),
                     ((1, 800), (1, 129)), ((1, 1000),), ((1, 100),), ((1, 200),) * 16, ((15, 100), (15, 300)))
@@ -76,7 +81,6 @@ def _install(path: str | Path) -> None:
     logger = init_logger("vllm.llmopt")
     kernels.load(path)
     op, vllms = torch.ops.llmopt.prefill_attention.default, torch.ops._C.cpu_attention_with_kv_cache.default
-    decodes = takes_decodes(path)
 
     def attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, output: torch.Tensor,
                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, causal: bool,
@@ -87,7 +91,7 @@ def _install(path: str | Path) -> None:
         if query.size(0) >= MIN_QUERIES:  # said once, by the process that runs the model
             kernel = op
             logger.info_once("llmopt: its prefill attention kernel for steps that carry a prompt")
-        elif decodes and query.size(0) == seq_lens.numel():  # a query a sequence (the kernel checks it)
+        elif query.size(0) == seq_lens.numel():  # a query a sequence (the kernel checks it)
             kernel = op
             logger.info_once(DECODES_LINE)
         else:  # fewer tokens, not one a sequence: no sequence has that many queries
@@ -98,11 +102,6 @@ def _install(path: str | Path) -> None:
 
     attention.llmopt_prefill_attention = True  # type: ignore[attr-defined]  # so `attention_calls` calls it
     ops.cpu_attention_with_kv_cache = attention  # looked up by name at every call
-
-
-def takes_decodes(path: str | Path) -> bool:
-    """Whether the library's kernel takes decode-only steps: the AVX2 one's."""
-    return kernels.library_of(path) is kernels.AVX2
 
 
 def _exact(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor,
@@ -136,14 +135,13 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
     (within 1.5x, give or take two float32 roundings of the outputs' scale: where both are float32
     throughout, the largest errors of either are single roundings that fall where they fall), and
     on average within 2x (bf16's P is rounded to bf16: 1.3-1.6x); calls it hands
-    over, and `HANDED_OVER`, vLLM's own bits (decode-only steps are the AVX2 kernel's own, checked
-    as prompts are). Raises AssertionError on the first that fails."""
+    over, and `HANDED_OVER`, vLLM's own bits (decode-only steps are the kernel's own, checked as
+    prompts are). Raises AssertionError on the first that fails."""
     import torch
     from vllm import _custom_ops as ops
 
     _install(path)
     dtype = torch.float32 if kernels.library_of(path) is kernels.AVX2 else torch.bfloat16
-    decodes = takes_decodes(path)
     generator = torch.Generator().manual_seed(0)
     isa = "vec"  # the layout the kernel reads; vLLM's AMX path (bf16 only) lays its cache out otherwise
     checked = 0
@@ -180,8 +178,7 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
                     outputs.append(out.double())
                 theirs, ours = outputs
                 shape = (heads, kv_heads, head_size, requests, variant)
-                taken = max(queries for queries, _ in requests) >= MIN_QUERIES or (
-                    decodes and all(queries == 1 for queries, _ in requests))
+                taken = max(queries for queries, _ in requests) >= MIN_QUERIES or all(queries == 1 for queries, _ in requests)
                 if variant or not taken:
                     assert torch.equal(theirs, ours), shape
                 else:
