@@ -144,7 +144,8 @@ def test_the_prefill_attention_agrees_with_vllms_and_with_exact_attention() -> N
     it hands over, vLLM's bits."""
     done = subprocess.run([sys.executable, "-c", AGREES], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    calls = len(prefill_attention.CHECKED_HEADS) * (len(prefill_attention.CHECKED_REQUESTS) + len(prefill_attention.HANDED_OVER))
+    calls = len(prefill_attention.CHECKED_HEADS) * (len(prefill_attention.CHECKED_REQUESTS) + len(prefill_attention.WIDE_SCORES)
+                                                   + len(prefill_attention.HANDED_OVER))
     assert done.stdout.split()[-1] == str(calls)
 
 

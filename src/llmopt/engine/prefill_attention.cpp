@@ -1,5 +1,5 @@
 // llmopt::prefill_attention: causal attention over vLLM's paged bf16 KV cache for steps that carry a
-// prompt, with AVX-512 BF16 dot products, on processors without AMX.
+// prompt, with AVX-512 BF16 dot products, and for decode-only steps, on processors without AMX.
 //
 // Without AMX, vLLM's CPU attention (`_C::cpu_attention_with_kv_cache`, its `vec` path) widens
 // bf16 to fp32 and multiplies at the processor's fp32 rate: on the project's Zen 5 EPYC an
@@ -16,12 +16,13 @@
 //
 // Decode-only steps (one query in every sequence) read the cache in place, in fp32 from exact
 // widenings of its bf16: there the cache is cold (a served step's weights stream through the caches
-// between two layers), and vLLM's kernel read it at 12-13 GB/s on Zen 4 at batch 4 and 8 where it
+// between two layers), and vLLM's kernel read it at 12.5-13 GB/s on Zen 4 at batch 4 and 8 where it
 // read the same bytes hot at 31-33 (benchmarks/README.md, "cpu_attention.py"). One tile is a
 // sequence's KV head with its query heads as rows, so a key is read once for the group, and each
 // block front to back: all its keys of four dimensions at a time (the scores summed in L1), then
-// each token's values whole. At batch 1 each context is cut in parts (`decode_parts`), merged as a
-// split softmax. The AVX2 kernel (`avx2_prefill_attention.cpp`) does the same in float32.
+// each token's values whole, the next block fetched while one is summed. At batch 1 each context is
+// cut in parts (`decode_parts`), merged as a split softmax. The AVX2 kernel
+// (`avx2_prefill_attention.cpp`) does the same in float32.
 //
 // vLLM's `vec` cache layout, per block and KV head: keys transposed, [head_size][block_size];
 // values as written, [block_size][head_size]. Anything this kernel does not do (sliding windows,
@@ -285,7 +286,7 @@ inline Softmax decode_softmax(float* scores, int64_t visible) {
     return visible - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (visible - t)) - 1);
   };
   __m512 peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t t = 0; t < visible; t += 16) peak = _mm512_mask_loadu_ps(peak, live(t), scores + t);
+  for (int64_t t = 0; t < visible; t += 16) peak = _mm512_max_ps(peak, _mm512_mask_loadu_ps(peak, live(t), scores + t));
   const float largest = _mm512_reduce_max_ps(peak);
   const __m512 log2e = _mm512_set1_ps(1.4426950408889634f), shift = _mm512_set1_ps(largest * 1.4426950408889634f);
   __m512 sum = _mm512_setzero_ps(), part = sum;

@@ -17,8 +17,8 @@ threads):
   error out (P in two bf16 parts) cost a third of the gain and moved no perplexity measurably
   (benchmarks/README.md, "prefill_attention.py"). Decode-only steps read the cache in place, in
   fp32 from exact widenings of its bf16: a served step meets that cache cold, and vLLM's kernel
-  read it at 11-13 GB/s on Zen 4 at batch 4 and 8 over 700 tokens, this one at 16-20 (the next
-  block fetched ahead while one is summed), 1.45-2.0x; 1.09x output tokens/s served at batch 8
+  read it at 12.5-13 GB/s on Zen 4 at batch 4 and 8 over 700 tokens, this one at 20 (the next
+  block fetched ahead while one is summed), 1.55-1.58x; 1.09x output tokens/s served at batch 8
   on 700-token prompts (`benchmarks/README.md`, "cpu_attention.py").
 - `avx2_prefill_attention.cpp`, float32 with AVX2 FMA, on x86 without AVX-512 (served in float32):
   there vLLM's `vec` path spent a quarter of the same prefill at about 54 GFLOP/s, against 133 for
@@ -46,14 +46,19 @@ ENV = "LLMOPT_PREFILL_ATTENTION"  # "1": the engine core's attention layers call
 DECODES_LINE = "llmopt: its attention kernel for decode-only steps too"  # in the engine's log, where it applies
 BLOCK = 128  # vLLM's CPU block size
 MIN_QUERIES = kernels.ATTENTION_MIN_QUERIES  # a step is the kernel's when one of its sequences has this many queries
-# Shapes a new build is checked on: SmolLM2-135M's heads, Qwen2.5-Coder-0.5B's and -1.5B's; each
+# Shapes a new build is checked on: SmolLM2-135M's heads, Qwen2.5-Coder-0.5B's and -1.5B's, and
+# groups of 2, 1 and 3 query heads a KV head (every row count of the bf16 decode tile); each
 # with (queries, sequence length) per request: a prompt, a prompt after a cached prefix, a prompt
 # beside decodes (a mixed step), short ones; decodes alone, one decode (its context cut in parts
 # where the KV heads do not share out evenly among the threads), one over a single block, 16
 # decodes; and two 15-token chunks (handed to vLLM's kernel by the kernel).
-CHECKED_HEADS = ((9, 3, 64), (14, 2, 64), (12, 2, 128))
+CHECKED_HEADS = ((9, 3, 64), (14, 2, 64), (12, 2, 128), (4, 2, 64), (4, 4, 64), (6, 2, 128))
 CHECKED_REQUESTS = (((300, 300),), ((200, 700),), ((1, 500), (1, 90), (40, 40)), ((16, 16), (3, 130), (17, 33)),
                     ((1, 800), (1, 129)), ((1, 1000),), ((1, 100),), ((1, 200),) * 16, ((15, 100), (15, 300)))
+# Decodes whose first block's keys are `SPREAD` times the rest's, so that their scores span about
+# a hundred: a softmax that does not shift by a row's largest score overflows there.
+WIDE_SCORES = (((1, 700),), ((1, 300), (1, 900)))
+SPREAD = 40.0
 # What it does not do, on a prompt: handed to vLLM's kernel with vLLM's bits out.
 HANDED_OVER = ({"sliding_window": 64}, {"softcap": 30.0})
 
@@ -129,14 +134,15 @@ def _exact(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tens
 
 def compare(path: str | Path, vllms: Callable[..., None]) -> int:
     """The calls checked against vLLM's kernel `vllms` and against attention in float64, with the
-    library at `path` loaded: every `CHECKED_HEADS` with every `CHECKED_REQUESTS`, the query a
-    strided slice of a fused QKV, blocks in shuffled order, in the library's dtype (bf16; float32
-    for the AVX2 library's). Its outputs no further from the exact ones than vLLM's at the largest
-    (within 1.5x, give or take two float32 roundings of the outputs' scale: where both are float32
-    throughout, the largest errors of either are single roundings that fall where they fall), and
-    on average within 2x (bf16's P is rounded to bf16: 1.3-1.6x); calls it hands
-    over, and `HANDED_OVER`, vLLM's own bits (decode-only steps are the kernel's own, checked as
-    prompts are). Raises AssertionError on the first that fails."""
+    library at `path` loaded: every `CHECKED_HEADS` with every `CHECKED_REQUESTS` and `WIDE_SCORES`,
+    the query a strided slice of a fused QKV, blocks in shuffled order, in the library's dtype
+    (bf16; float32 for the AVX2 library's). Its outputs no further from the exact ones than vLLM's
+    at the largest (within 1.5x, give or take two float32 roundings of the outputs' scale: where
+    both are float32 throughout, the largest errors of either are single roundings that fall where
+    they fall), and on average within 2x (bf16's P is rounded to bf16: 1.3-1.6x); for `WIDE_SCORES`
+    within 4x both ways (NaN where a softmax overflows); calls it hands over, and `HANDED_OVER`,
+    vLLM's own bits (decode-only steps are the kernel's own, checked as prompts are). Raises
+    AssertionError on the first that fails."""
     import torch
     from vllm import _custom_ops as ops
 
@@ -146,7 +152,7 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
     isa = "vec"  # the layout the kernel reads; vLLM's AMX path (bf16 only) lays its cache out otherwise
     checked = 0
     for heads, kv_heads, head_size in CHECKED_HEADS:
-        for requests in CHECKED_REQUESTS:
+        for requests in CHECKED_REQUESTS + WIDE_SCORES:
             starts = [0]
             for queries, _ in requests:
                 starts.append(starts[-1] + queries)
@@ -158,6 +164,8 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
             table = torch.zeros(len(requests), max(counts) + 1, dtype=torch.int32)
             for row, count in enumerate(counts):
                 table[row, :count] = order[sum(counts[:row]):sum(counts[:row]) + count]
+            if requests in WIDE_SCORES:
+                key_cache[table[0, 0]] *= SPREAD
             seq_lens = torch.tensor(lengths, dtype=torch.int32)
             query_start = torch.tensor(starts, dtype=torch.int32)
             fused = torch.randn(starts[-1], (heads + 2 * kv_heads) * head_size, dtype=dtype, generator=generator)
@@ -186,7 +194,10 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
                     theirs_error, ours_error = (theirs - exact).abs(), (ours - exact).abs()
                     # both compute in float32: at the largest, two float32 roundings of the outputs' scale are neither's fault
                     rounding = 2 * torch.finfo(torch.float32).eps * exact.abs().max()
-                    assert ours_error.max() <= 1.5 * theirs_error.max() + rounding, (shape, ours_error.max().item(), theirs_error.max().item())
-                    assert ours_error.mean() <= 2 * theirs_error.mean(), (shape, ours_error.mean().item(), theirs_error.mean().item())
+                    # scores of size ~100 carry float32 errors of ~1e-5 into every exponential, which
+                    # the two sum in other orders: there 4x at the largest (an overflow gives NaN)
+                    largest, mean = (4.0, 4.0) if requests in WIDE_SCORES else (1.5, 2.0)
+                    assert ours_error.max() <= largest * theirs_error.max() + rounding, (shape, ours_error.max().item(), theirs_error.max().item())
+                    assert ours_error.mean() <= mean * theirs_error.mean(), (shape, ours_error.mean().item(), theirs_error.mean().item())
                 checked += 1
     return checked
