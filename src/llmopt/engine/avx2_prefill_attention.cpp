@@ -14,7 +14,7 @@
 //              probability, kRows query rows sharing each loaded 16 dimensions.
 // Nothing is rounded below float32, so the outputs are as close to exact as vLLM's.
 //
-// Decode-only steps: the cache is cold there (a served step's weights stream through the caches
+// Decodes (a sequence's one query, in a decode-only step or beside a prompt): the cache is cold there (a served step's weights stream through the caches
 // between two layers), and vLLM's kernel read it at 7-9 GB/s on Zen 3 where the machine streams 20
 // (benchmarks/README.md, "cpu_attention.py"): a score tile of 16 keys walks 64 lines 512 bytes apart.
 // Here one tile is a sequence's KV head with all its query heads as rows, so a key is read once for
@@ -268,17 +268,19 @@ template <int D>
 void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
             const Step& step, float scale, const at::Tensor& block_table) {
   const int64_t heads = query.size(1), group = heads / key_cache.size(1);
-  int64_t widest = 0;  // a row of scores, keys rounded up to a tile
-  for (int64_t s = 0; s < step.sequences; ++s) widest = std::max<int64_t>(widest, (step.lengths[s] + kKeys - 1) / kKeys * kKeys);
-  if (step.decodes)
-    return attend_decodes<float, D, kDecodeRows>(output, query, key_cache, value_cache, step, scale, block_table, widest,
-                                                 [](auto rows, auto&&... args) { decode_tile<D, decltype(rows)::value>(args...); });
+  const Split split = llmopt_attention::split(step);
+  if (!split.decodes.empty())
+    attend_decodes<float, D, kDecodeRows>(output, query, key_cache, value_cache, step, split.decodes, scale, block_table,
+                                          row_width(step, split.decodes, kKeys),
+                                          [](auto rows, auto&&... args) { decode_tile<D, decltype(rows)::value>(args...); });
+  if (split.prompts.empty()) return;
+  const int64_t widest = row_width(step, split.prompts, kKeys);  // a row of scores, keys rounded up to a tile
   const float* keys = key_cache.data_ptr<float>();
   const float* values = value_cache.data_ptr<float>();
   const int32_t* table = block_table.data_ptr<int32_t>();
   const float* q = query.data_ptr<float>();
   float* o = output.data_ptr<float>();
-  for_query_tiles(step, heads, kRows, [&] {
+  for_query_tiles(step, split.prompts, heads, kRows, [&] {
     return [&, scores = std::vector<float>(kRows * widest)](const Tile& tile) mutable {
       const int64_t g = tile.head / group;
       const Cache cache{keys + g * key_cache.stride(1), values + g * value_cache.stride(1), key_cache.stride(0),
@@ -294,5 +296,5 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
 
 TORCH_LIBRARY_FRAGMENT(llmopt, m) { m.def(llmopt_attention::kSchema); }
 TORCH_LIBRARY_IMPL(llmopt, CPU, m) {
-  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kFloat, kKeys, true, attend<64>, attend<128>>);
+  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kFloat, kKeys, attend<64>, attend<128>>);
 }

@@ -12,17 +12,17 @@
 // Before that, each sequence's keys and values are copied once out of the paged cache into pair
 // order (two key dimensions, or two tokens' values, side by side), shared by every query row
 // and every query head of the KV head. That copy reads the whole context once for a prompt's many
-// rows; a decode has one.
+// rows.
 //
-// Decode-only steps (one query in every sequence) read the cache in place, in fp32 from exact
-// widenings of its bf16: there the cache is cold (a served step's weights stream through the caches
-// between two layers), and vLLM's kernel read it at 12.5-13 GB/s on Zen 4 at batch 4 and 8 where it
-// read the same bytes hot at 31-33 (benchmarks/README.md, "cpu_attention.py"). One tile is a
-// sequence's KV head with its query heads as rows, so a key is read once for the group, and each
-// block front to back: all its keys of four dimensions at a time (the scores summed in L1), then
-// each token's values whole, the next block fetched while one is summed. At batch 1 each context is
-// cut in parts (`decode_parts`), merged as a split softmax. The AVX2 kernel
-// (`avx2_prefill_attention.cpp`) does the same in float32.
+// Decodes (a sequence's one query, in a decode-only step or beside a prompt) read the cache in
+// place, in fp32 from exact widenings of its bf16: there the cache is cold (a served step's weights
+// stream through the caches between two layers), and vLLM's kernel read it at 12.5-13 GB/s on Zen 4
+// at batch 4 and 8 where it read the same bytes hot at 31-33 (benchmarks/README.md,
+// "cpu_attention.py"). One tile is a sequence's KV head with its query heads as rows, so a key is
+// read once for the group, and each block front to back: all its keys of four dimensions at a time
+// (the scores summed in L1), then each token's values whole, the next block fetched while one is
+// summed. At batch 1 each context is cut in parts (`decode_parts`), merged as a split softmax. The
+// AVX2 kernel (`avx2_prefill_attention.cpp`) does the same in float32.
 //
 // vLLM's `vec` cache layout, per block and KV head: keys transposed, [head_size][block_size];
 // values as written, [block_size][head_size]. Anything this kernel does not do (sliding windows,
@@ -351,30 +351,28 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
   const int64_t heads = query.size(1), kv_heads = key_cache.size(1), block_size = key_cache.size(2);
   const int64_t group = heads / kv_heads, sequences = step.sequences;
   const int32_t* lengths = step.lengths;
-  if (step.decodes) {
-    int64_t widest = 0;  // a row of scores, keys rounded up to a tile
-    for (int64_t s = 0; s < sequences; ++s) widest = std::max<int64_t>(widest, (lengths[s] + kKeys - 1) / kKeys * kKeys);
-    return attend_decodes<at::BFloat16, D, D <= 64 ? kDecodeRows : kDecodeRows / 2>(
-        output, query, key_cache, value_cache, step, scale, block_table, widest,
+  const Split split = llmopt_attention::split(step);
+  if (!split.decodes.empty())
+    attend_decodes<at::BFloat16, D, D <= 64 ? kDecodeRows : kDecodeRows / 2>(
+        output, query, key_cache, value_cache, step, split.decodes, scale, block_table,
+        row_width(step, split.decodes, kKeys),
         [](auto rows, auto&&... args) { decode_tile<D, decltype(rows)::value>(args...); });
-  }
-  // Scratch: every sequence's keys and values in pair order, per KV head.
-  std::vector<int64_t> padded(sequences), offset(sequences + 1, 0);
-  int64_t widest = 0;
-  for (int64_t s = 0; s < sequences; ++s) {
-    padded[s] = (lengths[s] + kKeys - 1) / kKeys * kKeys;
-    offset[s + 1] = offset[s] + kv_heads * padded[s] * D * 2;  // keys and values
-    widest = std::max(widest, padded[s]);
-  }
+  if (split.prompts.empty()) return;
+  // Scratch: every prompt's keys and values in pair order, per KV head.
+  std::vector<int64_t> padded(sequences, 0), offset(sequences + 1, 0);
+  for (const int64_t s : split.prompts) padded[s] = (lengths[s] + kKeys - 1) / kKeys * kKeys;
+  for (int64_t s = 0; s < sequences; ++s) offset[s + 1] = offset[s] + kv_heads * padded[s] * D * 2;  // keys and values
+  const int64_t widest = row_width(step, split.prompts, kKeys);
   at::Tensor scratch = at::empty({offset[sequences]}, query.options());
   at::BFloat16* pairs = scratch.data_ptr<at::BFloat16>();
   const at::BFloat16* keys_in = key_cache.data_ptr<at::BFloat16>();
   const at::BFloat16* values_in = value_cache.data_ptr<at::BFloat16>();
   const int32_t* table = block_table.data_ptr<int32_t>();
   const int64_t table_stride = block_table.stride(0);
-  at::parallel_for(0, sequences * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t items = static_cast<int64_t>(split.prompts.size()) * kv_heads;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t s = item / kv_heads, g = item % kv_heads;
+      const int64_t s = split.prompts[item / kv_heads], g = item % kv_heads;
       at::BFloat16* keys = pairs + offset[s] + g * padded[s] * D * 2;
       gather<D>(keys_in + g * key_cache.stride(1), values_in + g * value_cache.stride(1), key_cache.stride(0),
                 table + s * table_stride, block_size, lengths[s], padded[s], keys, keys + padded[s] * D);
@@ -382,7 +380,7 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
   });
   const at::BFloat16* q = query.data_ptr<at::BFloat16>();
   at::BFloat16* o = output.data_ptr<at::BFloat16>();
-  for_query_tiles(step, heads, kRows, [&] {
+  for_query_tiles(step, split.prompts, heads, kRows, [&] {
     return [&, scores = std::vector<float>(kRows * widest), probs = std::vector<at::BFloat16>(kRows * widest)](
                const Tile& tile) mutable {
       const int64_t s = tile.sequence;
@@ -398,5 +396,5 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
 
 TORCH_LIBRARY_FRAGMENT(llmopt, m) { m.def(llmopt_attention::kSchema); }
 TORCH_LIBRARY_IMPL(llmopt, CPU, m) {
-  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kBFloat16, kKeys, true, attend<64>, attend<128>>);
+  m.impl("prefill_attention", &llmopt_attention::prefill_attention<at::kBFloat16, kKeys, attend<64>, attend<128>>);
 }

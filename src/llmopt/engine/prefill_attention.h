@@ -2,9 +2,10 @@
 // `avx2_prefill_attention.cpp`, float32 with AVX2): the op they register in place of vLLM's CPU
 // attention, with its arguments; which calls are theirs (causal attention without extras over
 // vLLM's `vec` cache layout, head size 64 or 128, a step with a sequence of at least
-// LLMOPT_MIN_QUERIES queries, and for a kernel that takes them, a decode-only step: one query for
-// every sequence); vLLM's kernel for every other call, with its own arguments; and how a step's
-// query tiles are shared among threads.
+// LLMOPT_MIN_QUERIES queries, or a decode-only step: one query for every sequence); vLLM's kernel
+// for every other call, with its own arguments; which of a step's sequences take the decode tiles
+// (those with one query, in a step that carries a prompt too) and which the query tiles; and how
+// both are shared among threads.
 
 #pragma once
 
@@ -33,14 +34,36 @@ constexpr const char* kSchema =
     "int sliding_window, Tensor block_table, float softcap, Tensor scheduler_metadata, Tensor? s_aux, "
     "Tensor? dynamic_causal, float k_scale, float v_scale, str kv_cache_dtype) -> ()";
 
-// A step's sequences: queries [starts[s], starts[s + 1]) of the step, each seeing lengths[s] keys;
-// `decodes`: every sequence has one query.
+// A step's sequences: queries [starts[s], starts[s + 1]) of the step, each seeing lengths[s] keys.
 struct Step {
   const int32_t* starts;
   const int32_t* lengths;
   int64_t sequences;
-  bool decodes;
 };
+
+// A step's sequences by the tiles they take: `decodes`, one query each, the decode tiles, which read
+// the cache in place (in a mixed step too: a query tile would copy, or read, a decode's whole context
+// for one row); `prompts`, more than one, the query tiles. A sequence without queries takes neither.
+struct Split {
+  std::vector<int64_t> decodes, prompts;
+};
+
+inline Split split(const Step& step) {
+  Split out;
+  for (int64_t s = 0; s < step.sequences; ++s) {
+    const int64_t queries = step.starts[s + 1] - step.starts[s];
+    if (queries == 1) out.decodes.push_back(s);
+    if (queries > 1) out.prompts.push_back(s);
+  }
+  return out;
+}
+
+// The longest context of `sequences`, in keys rounded up to a tile of `keys`: a row of scores.
+inline int64_t row_width(const Step& step, const std::vector<int64_t>& sequences, int64_t keys) {
+  int64_t most = 0;
+  for (const int64_t s : sequences) most = std::max<int64_t>(most, (step.lengths[s] + keys - 1) / keys * keys);
+  return most;
+}
 
 // Up to `rows` queries of one head: the step's queries [first, first + rows), the first at
 // `position` in its sequence.
@@ -69,7 +92,7 @@ inline void vllm_attention(const at::Tensor& query, const at::Tensor& key_cache,
 
 // The step, if the kernel runs this call: every tensor of `dtype`, vLLM's `vec` layout with blocks
 // of a multiple of `keys` tokens, query rows on 32-bit boundaries, and a sequence of kMinQuery
-// queries or more, or with `decodes`, one query in every sequence.
+// queries or more, or one query in every sequence.
 inline std::optional<Step> kernels_step(const at::Tensor& query, const at::Tensor& key_cache,
                                         const at::Tensor& value_cache, const at::Tensor& output,
                                         const at::Tensor& query_start_loc, const at::Tensor& seq_lens, bool causal,
@@ -77,8 +100,7 @@ inline std::optional<Step> kernels_step(const at::Tensor& query, const at::Tenso
                                         const at::Tensor& block_table, double softcap,
                                         const std::optional<at::Tensor>& s_aux,
                                         const std::optional<at::Tensor>& dynamic_causal,
-                                        const std::string& kv_cache_dtype, at::ScalarType dtype, int64_t keys,
-                                        bool decodes) {
+                                        const std::string& kv_cache_dtype, at::ScalarType dtype, int64_t keys) {
   const int64_t head_size = query.dim() == 3 ? query.size(2) : 0;
   const auto of_dtype = [dtype](const at::Tensor& t) { return t.scalar_type() == dtype; };
   const bool ours =
@@ -97,27 +119,27 @@ inline std::optional<Step> kernels_step(const at::Tensor& query, const at::Tenso
       seq_lens.is_contiguous() && block_table.stride(1) == 1 && query_start_loc.numel() == seq_lens.numel() + 1 &&
       block_table.size(0) >= seq_lens.numel();
   if (!ours) return std::nullopt;
-  Step step{query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), seq_lens.numel(), seq_lens.numel() > 0};
+  const Step step{query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), seq_lens.numel()};
   if (step.sequences > 0 && (step.starts[0] != 0 || step.starts[step.sequences] > query.size(0))) return std::nullopt;
-  bool long_query = false;
+  bool long_query = false, decodes = step.sequences > 0;
   for (int64_t s = 0; s < step.sequences; ++s) {
     const int64_t queries = step.starts[s + 1] - step.starts[s];
     if (queries < 0 || queries > step.lengths[s] ||
         (step.lengths[s] + keys - 1) / keys * keys > block_table.size(1) * key_cache.size(2))
       return std::nullopt;
     long_query = long_query || queries >= kMinQuery;
-    step.decodes = step.decodes && queries == 1;
+    decodes = decodes && queries == 1;
   }
-  return long_query || (decodes && step.decodes) ? std::optional<Step>(step) : std::nullopt;
+  return long_query || decodes ? std::optional<Step>(step) : std::nullopt;
 }
 
 // A kernel's work on a step it runs, for one head size.
 using Attend = void (*)(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, const Step& step, float scale, const at::Tensor& block_table);
 
-// The op: `Head64` or `Head128` where `kernels_step` gives the call to the kernel (`Dtype`, `Keys`,
-// `Decodes`: whether it takes decode-only steps), vLLM's kernel elsewhere.
-template <at::ScalarType Dtype, int64_t Keys, bool Decodes, Attend Head64, Attend Head128>
+// The op: `Head64` or `Head128` where `kernels_step` gives the call to the kernel (`Dtype`, `Keys`),
+// vLLM's kernel elsewhere.
+template <at::ScalarType Dtype, int64_t Keys, Attend Head64, Attend Head128>
 void prefill_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                        at::Tensor& output, const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
                        bool causal, const std::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
@@ -126,7 +148,7 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& key_cache, con
                        double k_scale, double v_scale, const std::string& kv_cache_dtype) {
   const std::optional<Step> step =
       kernels_step(query, key_cache, value_cache, output, query_start_loc, seq_lens, causal, alibi_slopes,
-                   sliding_window, block_table, softcap, s_aux, dynamic_causal, kv_cache_dtype, Dtype, Keys, Decodes);
+                   sliding_window, block_table, softcap, s_aux, dynamic_causal, kv_cache_dtype, Dtype, Keys);
   if (!step) {
     return vllm_attention(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal,
                           alibi_slopes, sliding_window, block_table, softcap, scheduler_metadata, s_aux,
@@ -146,13 +168,14 @@ void with_rows(int64_t n, Body body) {
   body(std::integral_constant<int, Max>());
 }
 
-// `work(tile)` for every tile of up to `rows` queries of one head, handed round robin so that every
-// thread gets early (short) and late (long) rows of the causal triangle alike; `worker()` makes
-// each thread's `work`, with its scratch.
+// `work(tile)` for every tile of up to `rows` queries of one head of `sequences`, handed round robin
+// so that every thread gets early (short) and late (long) rows of the causal triangle alike;
+// `worker()` makes each thread's `work`, with its scratch.
 template <typename Worker>
-void for_query_tiles(const Step& step, int64_t heads, int64_t rows, Worker worker) {
+void for_query_tiles(const Step& step, const std::vector<int64_t>& sequences, int64_t heads, int64_t rows,
+                     Worker worker) {
   std::vector<Tile> tiles;
-  for (int64_t s = 0; s < step.sequences; ++s) {
+  for (const int64_t s : sequences) {
     const int64_t queries = step.starts[s + 1] - step.starts[s];
     for (int64_t first = step.starts[s]; first < step.starts[s + 1]; first += rows) {
       const int64_t n = std::min<int64_t>(rows, step.starts[s + 1] - first);
@@ -184,7 +207,7 @@ struct Softmax {
   float shift, sum;
 };
 
-// Parts each sequence's context is cut into, for every KV head, on a decode-only step: where its
+// Parts each decode's context is cut into, for every KV head: where its
 // tiles (sequence by KV head) are few and do not share out evenly among the threads, as SmolLM2's
 // three KV heads at batch 1 on two threads (one thread would read two thirds of the cache), enough
 // parts of whole blocks that every thread reads as much; their softmaxes are merged after.
@@ -216,25 +239,27 @@ void merge(const Partial<D>* parts, int64_t count, T* out) {
   for (int j = 0; j < D; ++j) out[j] = static_cast<T>(total[j] / sum);
 }
 
-// A decode-only step: one tile per sequence and KV head, its query heads `Rows` at a time, its
-// context in `decode_parts` parts. `tile(rows, query, query_stride, cache, first, last, scale,
-// scores, widest, softmax, total)` gives `rows` (a compile-time count) query heads' softmaxes and
-// undivided outputs over keys [first, last), `first` on a block's boundary, with `scores` as
-// scratch (row stride `widest`, indexed by key).
+// The step's `decodes` (sequences of one query): one tile per sequence and KV head, its query heads
+// `Rows` at a time, its context in `decode_parts` parts. `tile(rows, query, query_stride, cache,
+// first, last, scale, scores, widest, softmax, total)` gives `rows` (a compile-time count) query
+// heads' softmaxes and undivided outputs over keys [first, last), `first` on a block's boundary,
+// with `scores` as scratch (row stride `widest`, indexed by key).
 template <typename T, int D, int Rows, typename DecodeTile>
 void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache,
-                    const at::Tensor& value_cache, const Step& step, float scale, const at::Tensor& block_table,
-                    int64_t widest, DecodeTile tile) {
+                    const at::Tensor& value_cache, const Step& step, const std::vector<int64_t>& decodes, float scale,
+                    const at::Tensor& block_table, int64_t widest, DecodeTile tile) {
   const int64_t kv_heads = key_cache.size(1), heads = query.size(1), group = heads / kv_heads;
-  const int64_t block_size = key_cache.size(2), tiles = step.sequences * kv_heads;
+  const int64_t sequences = static_cast<int64_t>(decodes.size());
+  const int64_t block_size = key_cache.size(2), tiles = sequences * kv_heads;
   const int64_t parts = decode_parts(tiles, at::get_num_threads()), items = tiles * parts;
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), items);
-  std::vector<Partial<D>> partials(parts > 1 ? step.sequences * heads * parts : 0);  // by sequence, head, part
+  std::vector<Partial<D>> partials(parts > 1 ? sequences * heads * parts : 0);  // by decode, head, part
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(Rows * widest);
     for (int64_t thread = begin; thread < end; ++thread)
       for (int64_t i = thread; i < items; i += threads) {
-        const int64_t s = i / parts / kv_heads, g = i / parts % kv_heads, part = i % parts, count = step.lengths[s];
+        const int64_t d = i / parts / kv_heads, g = i / parts % kv_heads, part = i % parts;
+        const int64_t s = decodes[d], count = step.lengths[s];
         const int64_t blocks = (count + block_size - 1) / block_size;
         const int64_t first = part * blocks / parts * block_size;
         const int64_t last = std::min<int64_t>(count, (part + 1) * blocks / parts * block_size);
@@ -255,7 +280,7 @@ void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tenso
                 for (int j = 0; j < D; ++j) o[r * output.stride(1) + j] = static_cast<T>(total[r][j] / softmax[r].sum);
                 continue;
               }
-              Partial<D>& partial = partials[((s * heads) + h + r) * parts + part];
+              Partial<D>& partial = partials[((d * heads) + h + r) * parts + part];
               partial.softmax = softmax[r];
               std::copy(total[r], total[r] + D, partial.total);
             }
@@ -263,9 +288,9 @@ void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tenso
         }
       }
   });
-  for (int64_t row = 0; parts > 1 && row < step.sequences * heads; ++row)
+  for (int64_t row = 0; parts > 1 && row < sequences * heads; ++row)
     merge<T, D>(&partials[row * parts], parts,
-                output.data_ptr<T>() + step.starts[row / heads] * output.stride(0) + row % heads * output.stride(1));
+                output.data_ptr<T>() + step.starts[decodes[row / heads]] * output.stride(0) + row % heads * output.stride(1));
 }
 
 }  // namespace llmopt_attention
