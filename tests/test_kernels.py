@@ -139,9 +139,9 @@ print(prefill_attention.compare(kernels.build(platform.kernel_library(platform.d
 @attention_runs_here
 def test_the_prefill_attention_agrees_with_vllms_and_with_exact_attention() -> None:
     """On every checked shape and mix of requests, in the dtype it is for (bf16; float32 on AVX2), no
-    further from attention computed in float64 than vLLM's kernel is (at the largest within 1.5x, or
-    float32's rounding, on average within 2x), decodes too, alone and beside prompts; what it hands
-    over, vLLM's bits."""
+    further from attention computed in float64 than vLLM's kernel is beyond what neither controls
+    (`prefill_attention._disagrees`), decodes too, alone and beside prompts; what it hands over,
+    vLLM's bits."""
     done = subprocess.run([sys.executable, "-c", AGREES], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     calls = len(prefill_attention.CHECKED_HEADS) * (len(prefill_attention.CHECKED_REQUESTS) + len(prefill_attention.WIDE_SCORES)

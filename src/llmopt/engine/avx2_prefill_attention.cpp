@@ -14,12 +14,13 @@
 //              probability, kRows query rows sharing each loaded 16 dimensions.
 // Nothing is rounded below float32, so the outputs are as close to exact as vLLM's.
 //
-// Decodes (a sequence's one query, in a decode-only step or beside a prompt): the cache is cold there (a served step's weights stream through the caches
-// between two layers), and vLLM's kernel read it at 7-9 GB/s on Zen 3 where the machine streams 20
-// (benchmarks/README.md, "cpu_attention.py"): a score tile of 16 keys walks 64 lines 512 bytes apart.
-// Here one tile is a sequence's KV head with all its query heads as rows, so a key is read once for
-// the group, and each block is read front to back: all its keys of one dimension at a time (the
-// scores summed in L1, not in registers), then each token's values whole.
+// Decodes (a sequence's one query, in a decode-only step or beside a prompt): the cache is cold
+// there (a served step's weights stream through the caches between two layers), and vLLM's kernel
+// read it at 7-9 GB/s on Zen 3 where the machine streams 20 (benchmarks/README.md,
+// "cpu_attention.py"): a score tile of 16 keys walks 64 lines 512 bytes apart. Here one tile is a
+// sequence's KV head with all its query heads as rows, so a key is read once for the group, and
+// each block is read front to back: all its keys of one dimension at a time (the scores summed in
+// L1, not in registers), then each token's values whole.
 // Where a step's tiles are few and do not share out evenly among the threads (batch 1), each
 // context is cut in parts of whole blocks, read on their own and merged as a split softmax.
 

@@ -362,7 +362,7 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
   std::vector<int64_t> padded(sequences, 0), offset(sequences + 1, 0);
   for (const int64_t s : split.prompts) padded[s] = (lengths[s] + kKeys - 1) / kKeys * kKeys;
   for (int64_t s = 0; s < sequences; ++s) offset[s + 1] = offset[s] + kv_heads * padded[s] * D * 2;  // keys and values
-  const int64_t widest = row_width(step, split.prompts, kKeys);
+  const int64_t widest = *std::max_element(padded.begin(), padded.end());  // a row of scores
   at::Tensor scratch = at::empty({offset[sequences]}, query.options());
   at::BFloat16* pairs = scratch.data_ptr<at::BFloat16>();
   const at::BFloat16* keys_in = key_cache.data_ptr<at::BFloat16>();

@@ -165,10 +165,10 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
     """The calls checked against vLLM's kernel `vllms` and against attention in float64, with the
     library at `path` loaded: every `CHECKED_HEADS` with every `CHECKED_REQUESTS` and `WIDE_SCORES`,
     the query a strided slice of a fused QKV, blocks in shuffled order, in the library's dtype
-    (bf16; float32 for the AVX2 library's). Its outputs no further from the exact ones than vLLM's
-    beyond what neither controls (`_disagrees`; NaN where a softmax overflows); calls it hands over, and `HANDED_OVER`,
-    vLLM's own bits (decodes are the kernel's own, checked as prompts are). Raises
-    AssertionError on the first that fails."""
+    (bf16; float32 for the AVX2 library's), each case on data of its own. Its outputs no further
+    from the exact ones than vLLM's beyond what neither controls (`_disagrees`; NaN where a softmax
+    overflows); calls it hands over, and `HANDED_OVER`, vLLM's own bits (decodes are the kernel's
+    own, checked as prompts are). Raises AssertionError on the first that fails."""
     import torch
     from vllm import _custom_ops as ops
 
