@@ -6,8 +6,9 @@ query count), and at what rate a prefill's attention runs against the machine's 
 matmul rates; beside it, llmopt's prefill attention kernel (`engine/prefill_attention.cpp`, on
 AVX-512 BF16 processors without AMX; `engine/avx2_prefill_attention.cpp` on AVX2 ones) on the
 same prefill and mixed calls, and torch's own `scaled_dot_product_attention` on the same prefill
-(causal, grouped heads). Then decode-only steps as a served step meets them (batch 1, 4 and 8 over
-`SERVED_CONTEXT` tokens), vLLM's kernel and llmopt's (which takes them): once with
+(causal, grouped heads). Then decode steps as a served step meets them (batch 1, 4 and 8 over
+`SERVED_CONTEXT` tokens, one query a sequence, and four as speculative decoding's verification of
+three drafted tokens has), vLLM's kernel and llmopt's (which takes them): once with
 every call against its own layer's cache of `LAYERS` (as in the engine, where the weights streamed
 between two layers push the KV cache out of the processor's caches: the working set is the whole
 cache) and once with all of them against one layer's (hot in the caches), in ms a step and GB/s of
@@ -34,6 +35,7 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 128
 DECODES, CONTEXT, PROMPTS = 7, 800, (256, 700, 1000)
 LAYERS, ROUNDS, CALLS = 30, 3, 40
 SERVED_CONTEXT, SERVED_BATCHES = 700, (1, 4, 8)  # about the built-in QA set's prompts
+SERVED_QUERIES = (1, 4)  # a decode; one verifying 3 drafted tokens (llmopt's default n-gram k)
 
 
 def attention_call(requests: list[tuple[int, int]], key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -80,23 +82,24 @@ def prefill_flops(tokens: int) -> float:
 
 
 def served_decodes(dtype: torch.dtype, isa: str, ours: bool) -> list[dict]:
-    """A decode-only step's attention over all `LAYERS`, each layer's cache its own (cold) or all
-    one (hot), by vLLM's kernel and, with `ours`, by llmopt's."""
+    """A decode step's attention over all `LAYERS`, each layer's cache its own (cold) or all one
+    (hot), by vLLM's kernel and, with `ours`, by llmopt's."""
     rows = []
     blocks = -(-SERVED_CONTEXT // BLOCK)
     for batch in SERVED_BATCHES:
         layers = [torch.randn(batch * blocks, KV_HEADS, BLOCK * 2, HEAD_DIM, dtype=dtype).chunk(2, dim=2) for _ in range(LAYERS)]
         kernels_used = {"": torch.ops._C.cpu_attention_with_kv_cache} | ({"llmopt ": torch.ops.llmopt.prefill_attention} if ours else {})
-        calls = {}
-        for name, kernel in kernels_used.items():
-            calls[f"{name}cold"] = [attention_call([(1, SERVED_CONTEXT)] * batch, k, v, isa, kernel) for k, v in layers]
-            calls[f"{name}hot"] = calls[f"{name}cold"][:1] * LAYERS
-        read = LAYERS * batch * SERVED_CONTEXT * KV_HEADS * HEAD_DIM * 2 * dtype.itemsize
-        ms = {name: sorted(milliseconds(lambda: [call() for call in step]) for _ in range(ROUNDS))[ROUNDS // 2]
-              for name, step in calls.items()}
-        rows.append({"batch": batch, "context": SERVED_CONTEXT, "cache_read_mb": round(read / 1e6, 1)}
-                    | {f"{name.replace(' ', '_')}_ms_a_step": round(t, 2) for name, t in ms.items()}
-                    | {f"{name.replace(' ', '_')}_gb_s": round(read / t / 1e6, 1) for name, t in ms.items()})
+        for queries in SERVED_QUERIES:
+            calls = {}
+            for name, kernel in kernels_used.items():
+                calls[f"{name}cold"] = [attention_call([(queries, SERVED_CONTEXT)] * batch, k, v, isa, kernel) for k, v in layers]
+                calls[f"{name}hot"] = calls[f"{name}cold"][:1] * LAYERS
+            read = LAYERS * batch * SERVED_CONTEXT * KV_HEADS * HEAD_DIM * 2 * dtype.itemsize
+            ms = {name: sorted(milliseconds(lambda: [call() for call in step]) for _ in range(ROUNDS))[ROUNDS // 2]
+                  for name, step in calls.items()}
+            rows.append({"batch": batch, "queries": queries, "context": SERVED_CONTEXT, "cache_read_mb": round(read / 1e6, 1)}
+                        | {f"{name.replace(' ', '_')}_ms_a_step": round(t, 2) for name, t in ms.items()}
+                        | {f"{name.replace(' ', '_')}_gb_s": round(read / t / 1e6, 1) for name, t in ms.items()})
     return rows
 
 
@@ -143,11 +146,11 @@ def main() -> None:
               f"{row.get('llmopt_prefill_ms', '-'):>14} {row.get('llmopt_prefill_gflops', '-'):>8} {row.get('llmopt_mixed_ms', '-'):>12}")
     torch.set_num_threads(2)  # as the engine runs on these 2-core machines
     served = served_decodes(dtype, isa, ours)
-    print(f"\ndecode-only steps over {SERVED_CONTEXT} tokens, {LAYERS} layers, 2 threads, ms a step (GB/s of the cache):")
+    print(f"\ndecode steps over {SERVED_CONTEXT} tokens, {LAYERS} layers, 2 threads, ms a step (GB/s of the cache):")
     kinds = [key[:-len("_ms_a_step")] for key in served[0] if key.endswith("_ms_a_step")]
-    print(f"{'batch':>5} {'cache MB':>8}" + "".join(f"{kind:>20}" for kind in kinds))
+    print(f"{'batch':>5} {'queries':>7} {'cache MB':>8}" + "".join(f"{kind:>20}" for kind in kinds))
     for row in served:
-        print(f"{row['batch']:>5} {row['cache_read_mb']:>8}"
+        print(f"{row['batch']:>5} {row['queries']:>7} {row['cache_read_mb']:>8}"
               + "".join(f"{row[kind + '_ms_a_step']:>12} ({row[kind + '_gb_s']:>5})" for kind in kinds))
     results = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
     results.write_text(json.dumps({"processor": hw.cpu_label, "cores": hw.cores, "isa": isa, "dtype": str(dtype),

@@ -24,7 +24,7 @@ from unittest import mock
 import llmopt
 import results_file
 from decode_profile import server_pids
-from engine_cpu_settings import LLMOPT, ROWS
+from engine_cpu_settings import LLMOPT, LLMOPT_ROW, ROWS
 from llmopt.engine import vllm
 
 MODEL = "smollm2-135m-instruct"
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="take the rows in turn this many times")
     results_file.add_out(parser, "cpu_time.json")
     args = parser.parse_args()
-    labels = args.rows or ["llmopt (0 reserved, preload, no worker)"]
+    labels = args.rows or [LLMOPT_ROW]
     rows = [measure(label) for _ in range(args.repeat) for label in labels]
     for row in rows:
         for level in LEVELS:

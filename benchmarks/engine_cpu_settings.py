@@ -18,7 +18,8 @@ lengths (64 in, 128 out, end-of-sequence ignored). Writes benchmarks/results/eng
 given row labels and --repeat N, takes those rows in turn N times and reports medians
 (results/engine_cpu_settings_repeat.json, or --out), for differences within the noise between deployments.
 `--kernel PATH` adds a row with another build of llmopt's small-batch kernel (a copy of the library
-kept from before a change to its source), served against the current one.
+kept from before a change to its source), served against the current one; with `--own-settings`,
+that row and llmopt's take the model's own engine settings (an artifact's: its speculative decoding).
 """
 
 from __future__ import annotations
@@ -48,11 +49,12 @@ STOCK_GRAPH = CompilationConfig(wrapper="python", graph="whole")  # and what it 
 CORES = sorted(os.sched_getaffinity(0))
 # what vLLM's OMP process manager sets for its CPU worker (vllm/utils/ompmultiprocessing.py)
 PINNED = {"KMP_AFFINITY": f"granularity=fine,explicit,proclist=[{','.join(map(str, CORES))}]", "KMP_TPAUSE": "0"}
-ROWS: dict[str, tuple[EngineConfig, dict[str, str], Callable[[int], None] | None]] = {  # label -> settings, environment, what to do once ready
+LLMOPT_ROW = "llmopt (0 reserved, preload, no worker)"
+ROWS: dict[str, tuple[EngineConfig | None, dict[str, str], Callable[[int], None] | None]] = {  # label -> settings, environment, what to do once ready
     "vllm default (1 reserved, no preload)": (EngineConfig(max_model_len=2048, reserved_cpus=1, preload=False, executor="mp", linear_kernels="vllm", attention_kernel="vllm", compilation=STOCK_GRAPH, dtype="bfloat16"), {}, None),
     "0 reserved, no preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=False, executor="mp", linear_kernels="vllm", attention_kernel="vllm", compilation=STOCK_GRAPH, dtype="bfloat16"), {}, None),
     "0 reserved, preload": (EngineConfig(max_model_len=2048, reserved_cpus=0, preload=True, executor="mp", linear_kernels="vllm", attention_kernel="vllm", compilation=STOCK_GRAPH, dtype="bfloat16"), {}, None),
-    "llmopt (0 reserved, preload, no worker)": (LLMOPT, {}, None),
+    LLMOPT_ROW: (LLMOPT, {}, None),
     # vLLM's choice of linear kernels (oneDNN on AVX-512 without AMX) instead of its packed-weight ones
     "llmopt, vLLM's linear kernels": (LLMOPT.model_copy(update={"linear_kernels": "vllm"}), {}, None),
     # vLLM's packed-weight kernels alone, without llmopt's small-batch kernel for 1 to 64 rows
@@ -187,10 +189,15 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="an imported model or catalogue id")
     parser.add_argument("--kernel", metavar="PATH", help=f"adds the row '{OTHER_KERNEL}': llmopt's choice with the kernel "
                                                          "library at PATH (another build of `engine.kernels`, both kernels in it, kept before a change)")
+    parser.add_argument("--own-settings", action="store_true",
+                        help=f"the rows '{LLMOPT_ROW}' and '{OTHER_KERNEL}' with the model's own engine settings (an "
+                             "artifact's: its speculative decoding) in place of llmopt's choice for it")
     parser.add_argument("--workload", default=WORKLOAD, help="the requests, as `evaluate --dataset` takes them")
     args = parser.parse_args()
+    engine = None if args.own_settings else LLMOPT
+    ROWS[LLMOPT_ROW] = (engine, {}, None)
     if args.kernel:
-        ROWS[OTHER_KERNEL] = (LLMOPT, {kernels.LIBRARY_ENV: str(Path(args.kernel).resolve())}, None)
+        ROWS[OTHER_KERNEL] = (engine, {kernels.LIBRARY_ENV: str(Path(args.kernel).resolve())}, None)
     labels = args.rows or list(ROWS)
     rows = [deploy_and_measure(label, *ROWS[label], model=args.model, workload=args.workload)
             for _ in range(args.repeat) for label in labels]
@@ -211,7 +218,7 @@ def main() -> None:
     out = args.out or results_file.RESULTS / ("engine_cpu_settings.json" if not args.rows and args.repeat == 1
                                               else "engine_cpu_settings_repeat.json")
     out.write_text(json.dumps({"processor": platform.detect().cpu_label, "model": args.model, "workload": args.workload,
-                               "cores": CORES, "rows": rows,
+                               "own_settings": args.own_settings, "cores": CORES, "rows": rows,
                                "medians": medians}, indent=2))
 
 

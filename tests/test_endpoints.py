@@ -151,7 +151,8 @@ def test_linear_layers_get_the_kernels_chosen_for_this_processor(endpoint) -> No
     avx2 = chosen == "llmopt" and platform.avx2_int8_applies(hw)
     rows = small_batch_linear.max_rows(kernels.library_path(platform.kernel_library(hw)))
     for line, used in ((f"small-batch bf16 linear kernel for up to {rows} rows", chosen == "llmopt" and packed),
-                       (small_batch_linear.ONEDNN_ABOVE_LINE, chosen == "llmopt" and packed and hw.has_amx), ("its prefill attention kernel for steps that carry a prompt", attention == "llmopt"),
+                       (small_batch_linear.ONEDNN_ABOVE_LINE, chosen == "llmopt" and packed and hw.has_amx),
+                       (prefill_attention.PROMPTS_LINE, attention == "llmopt"),
                        (prefill_attention.DECODES_LINE, attention == "llmopt"),
                        (attention_calls.LINE, hw.device == "cpu"),
                        (f"Using {avx2_bf16_linear.KERNEL} for UnquantizedLinearMethod", avx2),

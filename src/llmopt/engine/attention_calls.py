@@ -8,8 +8,7 @@ methods, which view the layer's cache as keys and values anew at every call, sli
 the output, and pass 18 arguments by keyword through two wrappers (`benchmarks/attention_calls.py`).
 Here the backend's two methods keep each layer's key and value views while its cache is the same
 tensor, and call the kernels' ops directly with positional arguments; llmopt's prefill attention
-(`prefill_attention.use`), where it runs, is still the kernel for steps that carry a prompt and for
-decode-only steps.
+(`prefill_attention.use`), where it runs, is still the kernel for prompts and decodes.
 
 Whatever the lean methods do not cover goes to vLLM's own: no attention metadata (a warm-up),
 fused output quantization, encoder attention, and attention sinks not yet cast. The views hold the

@@ -1,6 +1,5 @@
 // llmopt::prefill_attention on x86 processors with AVX2 and no AVX-512: causal attention over vLLM's
-// paged float32 KV cache (llmopt serves float32 there) for steps that carry a prompt, and for
-// decode-only steps.
+// paged float32 KV cache (llmopt serves float32 there) for prompts and decodes.
 //
 // There vLLM's CPU attention (`_C::cpu_attention_with_kv_cache`, its `vec` path) spent 501 ms of an
 // 884-token prefill of SmolLM2-135M on the project's Zen 3 EPYC, a quarter of it, at about 54
@@ -14,13 +13,13 @@
 //              probability, kRows query rows sharing each loaded 16 dimensions.
 // Nothing is rounded below float32, so the outputs are as close to exact as vLLM's.
 //
-// Decodes (a sequence's one query, in a decode-only step or beside a prompt): the cache is cold
+// Decodes (a sequence's one query, or its few with speculated tokens to verify): the cache is cold
 // there (a served step's weights stream through the caches between two layers), and vLLM's kernel
 // read it at 7-9 GB/s on Zen 3 where the machine streams 20 (benchmarks/README.md,
 // "cpu_attention.py"): a score tile of 16 keys walks 64 lines 512 bytes apart. Here one tile is a
-// sequence's KV head with all its query heads as rows, so a key is read once for the group, and
-// each block is read front to back: all its keys of one dimension at a time (the scores summed in
-// L1, not in registers), then each token's values whole.
+// sequence's KV head with all its query heads (for each of its queries) as rows, so a key is read
+// once for the group, and each block is read front to back: all its keys of one dimension at a time
+// (the scores summed in L1, not in registers), then each token's values whole.
 // Where a step's tiles are few and do not share out evenly among the threads (batch 1), each
 // context is cut in parts of whole blocks, read on their own and merged as a split softmax.
 
@@ -195,12 +194,12 @@ void query_tile(int64_t n, const float* query, int64_t query_stride, const Cache
   });
 }
 
-// Scores of N decode rows (the same token, N query heads `query_stride` apart) against keys [first,
-// count), `first` on a block's boundary, scaled, into `scores` (row stride `padded`, indexed by key):
-// a block's keys read front to back.
+// Scores of N decode rows (query heads of a sequence's queries, row r's at `query[r]`) against keys
+// [first, count), `first` on a block's boundary, scaled, into `scores` (row stride `padded`, indexed
+// by key): a block's keys read front to back.
 template <int D, int N>
-void decode_scores(const float* query, int64_t query_stride, const Cache& cache, int64_t first, int64_t count,
-                   float scale, float* scores, int64_t padded) {
+void decode_scores(const float* const (&query)[N], const Cache& cache, int64_t first, int64_t count, float scale,
+                   float* scores, int64_t padded) {
   for (int64_t b0 = first; b0 < count; b0 += cache.block_size) {
     const float* k = cache.keys + cache.blocks[b0 / cache.block_size] * cache.stride;
     const int64_t vectors = (std::min(cache.block_size, count - b0) + 7) / 8;
@@ -209,7 +208,7 @@ void decode_scores(const float* query, int64_t query_stride, const Cache& cache,
     for (int d = 0; d < D; ++d) {
       __m256 x[N];
 #pragma GCC unroll 8
-      for (int r = 0; r < N; ++r) x[r] = _mm256_broadcast_ss(query + r * query_stride + d);
+      for (int r = 0; r < N; ++r) x[r] = _mm256_broadcast_ss(query[r] + d);
       const float* line = k + d * cache.block_size;
       for (int64_t v = 0; v < vectors; ++v) {
         const __m256 keys = _mm256_loadu_ps(line + v * 8);
@@ -256,12 +255,14 @@ void decode_values(const float* probs, int64_t padded, const Cache& cache, int64
   }
 }
 
-// A decode tile: N query heads' softmaxes and undivided outputs over keys [first, last).
+// A decode tile: N rows' softmaxes and undivided outputs over keys [first, last), row r's over those
+// before visible[r].
 template <int D, int N>
-void decode_tile(const float* query, int64_t query_stride, const Cache& cache, int64_t first, int64_t last, float scale,
-                 float* scores, int64_t widest, Softmax (&softmax)[N], float (&total)[N][D]) {
-  decode_scores<D, N>(query, query_stride, cache, first, last, scale, scores, widest);
-  for (int r = 0; r < N; ++r) softmax[r] = softmax_row(scores + r * widest + first, last - first, last - first);
+void decode_tile(const float* const (&query)[N], const int64_t (&visible)[N], const Cache& cache, int64_t first,
+                 int64_t last, float scale, float* scores, int64_t widest, Softmax (&softmax)[N], float (&total)[N][D]) {
+  decode_scores<D, N>(query, cache, first, last, scale, scores, widest);
+  for (int r = 0; r < N; ++r)
+    softmax[r] = softmax_row(scores + r * widest + first, std::min(last, visible[r]) - first, last - first);
   decode_values<D, N>(scores, widest, cache, first, last, total);
 }
 

@@ -133,11 +133,11 @@ class EngineConfig(_Settings):
     )
     attention_kernel: Literal["vllm", "llmopt"] | None = Field(
         None,
-        description="On CPU, the attention kernel of steps that carry a prompt and of decode-only steps: 'vllm' "
-        "vLLM's alone, 'llmopt' llmopt's kernel for causal attention with a sequence of 16 queries or more, or one "
-        "query in every sequence (built with the machine's C++ compiler: bf16 on AVX-512 BF16 without AMX, float32 "
-        "on x86 with AVX2 and neither AVX-512 nor VNNI), vLLM's for the rest; unset: chosen from the machine (llmopt "
-        "where its kernel applies and is built).",
+        description="On CPU, the attention kernel: 'vllm' vLLM's alone, 'llmopt' llmopt's kernel for causal "
+        "attention (prompts, decodes, and the tokens speculative decoding verifies; built with the machine's C++ "
+        "compiler: bf16 on AVX-512 BF16 without AMX, float32 on x86 with AVX2 and neither AVX-512 nor VNNI), vLLM's "
+        "for the rest (sliding windows, ALiBi, soft caps, sinks, an FP8 cache); unset: chosen from the machine "
+        "(llmopt where its kernel applies and is built).",
     )
     tensor_parallel_size: int = Field(1, gt=0, le=1024, description="Devices to shard the model over.")
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding.")

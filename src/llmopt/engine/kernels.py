@@ -42,7 +42,7 @@ LINEAR_MAX_ROWS = 64  # the most rows the bf16 linear kernel runs itself; more g
 # bits the small-batch kernel gives, and 5 or more on AMX tiles (other bits): the kernel takes the first
 AMX_LINEAR_MAX_ROWS = 4
 INT8_MIN_ROWS, INT8_MAX_ROWS = 5, 32  # the int8 one's: vLLM's reads each weight once up to 4 rows; past 32 no faster
-ATTENTION_MIN_QUERIES = 16  # a step is the attention kernel's when one of its sequences has this many queries
+ATTENTION_MIN_QUERIES = 16  # the attention kernel's query tiles take a sequence of this many queries, its decode tiles fewer
 COMMON_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp")
 ABI = "-D_GLIBCXX_USE_CXX11_ABI=1"  # torch's wheels since 2.7; a mismatch fails the build's self-check
 

@@ -1,5 +1,5 @@
-// llmopt::prefill_attention: causal attention over vLLM's paged bf16 KV cache for steps that carry a
-// prompt, with AVX-512 BF16 dot products, and for decode-only steps, on processors without AMX.
+// llmopt::prefill_attention: causal attention over vLLM's paged bf16 KV cache for prompts, with
+// AVX-512 BF16 dot products, and for decodes, on processors without AMX.
 //
 // Without AMX, vLLM's CPU attention (`_C::cpu_attention_with_kv_cache`, its `vec` path) widens
 // bf16 to fp32 and multiplies at the processor's fp32 rate: on the project's Zen 5 EPYC an
@@ -14,15 +14,16 @@
 // and every query head of the KV head. That copy reads the whole context once for a prompt's many
 // rows.
 //
-// Decodes (a sequence's one query, in a decode-only step or beside a prompt) read the cache in
-// place, in fp32 from exact widenings of its bf16: there the cache is cold (a served step's weights
-// stream through the caches between two layers), and vLLM's kernel read it at 12.5-13 GB/s on Zen 4
-// at batch 4 and 8 where it read the same bytes hot at 31-33 (benchmarks/README.md,
-// "cpu_attention.py"). One tile is a sequence's KV head with its query heads as rows, so a key is
-// read once for the group, and each block front to back: all its keys of four dimensions at a time
-// (the scores summed in L1), then each token's values whole, the next block fetched while one is
-// summed. At batch 1 each context is cut in parts (`decode_parts`), merged as a split softmax. The
-// AVX2 kernel (`avx2_prefill_attention.cpp`) does the same in float32.
+// Decodes (a sequence's one query, or its few with speculated tokens to verify, in any step) read
+// the cache in place, in fp32 from exact widenings of its bf16: there the cache is cold (a served
+// step's weights stream through the caches between two layers), and vLLM's kernel read it at
+// 12.5-13 GB/s on Zen 4 at batch 4 and 8 where it read the same bytes hot at 31-33
+// (benchmarks/README.md, "cpu_attention.py"). One tile is a sequence's KV head with its query heads
+// (for each of its queries) as rows, so a key is read once for the group, and each block front to
+// back: all its keys of four dimensions at a time (the scores summed in L1), then each token's
+// values whole, the next block fetched while one is summed. At batch 1 each context is cut in parts
+// (`decode_parts`), merged as a split softmax. The AVX2 kernel (`avx2_prefill_attention.cpp`) does
+// the same in float32.
 //
 // vLLM's `vec` cache layout, per block and KV head: keys transposed, [head_size][block_size];
 // values as written, [block_size][head_size]. Anything this kernel does not do (sliding windows,
@@ -47,8 +48,10 @@ using namespace llmopt_attention;
 
 constexpr int64_t kKeys = 32;       // keys a score tile covers (two vectors of 16)
 constexpr int64_t kRows = 8;        // query rows sharing each loaded key pair
-constexpr int kDecodeRows = 4;      // query heads of a group a decode tile takes at once, half that at head size 128
-                                    // (their values' accumulators, rows x D/16 vectors, stay in registers)
+// Rows a decode tile takes at once: their values' accumulators (rows x D/16 vectors) and the keys'
+// broadcast queries (rows x 4) stay in registers.
+template <int D>
+constexpr int kDecodeRows = D <= 64 ? 4 : 2;
 
 // 2^x for x in fp32 lanes, x <= 0: x = n + f, |f| <= 0.5, 2^f by its Taylor series to f^6
 // (relative error under 2e-7), scaled by 2^n.
@@ -231,11 +234,11 @@ inline __m512 widen(const at::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
-// Scores of N decode rows (the same token, N query heads `query_stride` apart) against keys [first,
-// count), `first` on a block's boundary, scaled, into `scores` (row stride `padded`, indexed by key):
-// a block's keys read front to back, four dimensions' lines at a time.
+// Scores of N decode rows (query heads of a sequence's queries, row r's at `query[r]`) against keys
+// [first, count), `first` on a block's boundary, scaled, into `scores` (row stride `padded`, indexed
+// by key): a block's keys read front to back, four dimensions' lines at a time.
 template <int D, int N>
-void decode_scores(const at::BFloat16* query, int64_t query_stride, const Cache<at::BFloat16>& cache, int64_t first,
+void decode_scores(const at::BFloat16* const (&query)[N], const Cache<at::BFloat16>& cache, int64_t first,
                    int64_t count, float scale, float* scores, int64_t padded) {
   constexpr int kDims = 4;
   for (int64_t b0 = first; b0 < count; b0 += cache.block_size) {
@@ -254,7 +257,7 @@ void decode_scores(const at::BFloat16* query, int64_t query_stride, const Cache<
 #pragma GCC unroll 8
       for (int r = 0; r < N; ++r)
 #pragma GCC unroll 4
-        for (int i = 0; i < kDims; ++i) x[r][i] = _mm512_set1_ps(static_cast<float>(query[r * query_stride + d + i]));
+        for (int i = 0; i < kDims; ++i) x[r][i] = _mm512_set1_ps(static_cast<float>(query[r][d + i]));
       const at::BFloat16* line = k + d * cache.block_size;
       for (int64_t v = 0; v < vectors; ++v) {
         __m512 keys[kDims];
@@ -279,9 +282,10 @@ void decode_scores(const at::BFloat16* query, int64_t query_stride, const Cache<
   }
 }
 
-// A decode row's softmax over its `visible` scores, in place, unnormalized and zero up to a whole
-// vector; summed a block of 128 keys at a time, as the values are.
-inline Softmax decode_softmax(float* scores, int64_t visible) {
+// A decode row's softmax over its `visible` scores (none where it is not positive), in place,
+// unnormalized and zero from there up to `count`; summed a block of 128 keys at a time, as the
+// values are.
+inline Softmax decode_softmax(float* scores, int64_t visible, int64_t count) {
   const auto live = [visible](int64_t t) {
     return visible - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (visible - t)) - 1);
   };
@@ -296,6 +300,8 @@ inline Softmax decode_softmax(float* scores, int64_t visible) {
     if (t % 128 == 112) sum = _mm512_add_ps(sum, part), part = _mm512_setzero_ps();
     _mm512_storeu_ps(scores + t, e);
   }
+  for (int64_t t = std::max<int64_t>(0, (visible + 15) / 16 * 16); t < count; t += 16)
+    _mm512_storeu_ps(scores + t, _mm512_setzero_ps());
   return {largest, _mm512_reduce_add_ps(_mm512_add_ps(sum, part))};
 }
 
@@ -336,12 +342,15 @@ void decode_values(const float* probs, int64_t padded, const Cache<at::BFloat16>
   }
 }
 
-// A decode tile: N query heads' softmaxes and undivided outputs over keys [first, last).
+// A decode tile: N rows' softmaxes and undivided outputs over keys [first, last), row r's over those
+// before visible[r].
 template <int D, int N>
-void decode_tile(const at::BFloat16* query, int64_t query_stride, const Cache<at::BFloat16>& cache, int64_t first,
-                 int64_t last, float scale, float* scores, int64_t widest, Softmax (&softmax)[N], float (&total)[N][D]) {
-  decode_scores<D, N>(query, query_stride, cache, first, last, scale, scores, widest);
-  for (int r = 0; r < N; ++r) softmax[r] = decode_softmax(scores + r * widest + first, last - first);
+void decode_tile(const at::BFloat16* const (&query)[N], const int64_t (&visible)[N], const Cache<at::BFloat16>& cache,
+                 int64_t first, int64_t last, float scale, float* scores, int64_t widest, Softmax (&softmax)[N],
+                 float (&total)[N][D]) {
+  decode_scores<D, N>(query, cache, first, last, scale, scores, widest);
+  for (int r = 0; r < N; ++r)
+    softmax[r] = decode_softmax(scores + r * widest + first, std::min(last, visible[r]) - first, last - first);
   decode_values<D, N>(scores, widest, cache, first, last, total);
 }
 
@@ -353,7 +362,7 @@ void attend(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_c
   const int32_t* lengths = step.lengths;
   const Split split = llmopt_attention::split(step);
   if (!split.decodes.empty())
-    attend_decodes<at::BFloat16, D, D <= 64 ? kDecodeRows : kDecodeRows / 2>(
+    attend_decodes<at::BFloat16, D, kDecodeRows<D>>(
         output, query, key_cache, value_cache, step, split.decodes, scale, block_table,
         row_width(step, split.decodes, kKeys),
         [](auto rows, auto&&... args) { decode_tile<D, decltype(rows)::value>(args...); });

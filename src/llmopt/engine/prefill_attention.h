@@ -1,11 +1,10 @@
 // What llmopt's two prefill attention kernels share (`prefill_attention.cpp`, bf16 with AVX-512 BF16;
 // `avx2_prefill_attention.cpp`, float32 with AVX2): the op they register in place of vLLM's CPU
 // attention, with its arguments; which calls are theirs (causal attention without extras over
-// vLLM's `vec` cache layout, head size 64 or 128, a step with a sequence of at least
-// LLMOPT_MIN_QUERIES queries, or a decode-only step: one query for every sequence); vLLM's kernel
-// for every other call, with its own arguments; which of a step's sequences take the decode tiles
-// (those with one query, in a step that carries a prompt too) and which the query tiles; and how
-// both are shared among threads.
+// vLLM's `vec` cache layout, head size 64 or 128); vLLM's kernel for every other call, with its own
+// arguments; which of a step's sequences take the decode tiles (fewer than LLMOPT_MIN_QUERIES
+// queries: a decode, with the tokens speculated for it to verify) and which the query tiles (a
+// prompt); and how both are shared among threads.
 
 #pragma once
 
@@ -25,7 +24,8 @@
 
 namespace llmopt_attention {
 
-// kernels.ATTENTION_MIN_QUERIES: a step is the kernel's when one of its sequences has this many queries
+// kernels.ATTENTION_MIN_QUERIES: a sequence with this many queries takes the query tiles, one with
+// fewer the decode tiles
 constexpr int64_t kMinQuery = LLMOPT_MIN_QUERIES;
 
 constexpr const char* kSchema =
@@ -41,9 +41,10 @@ struct Step {
   int64_t sequences;
 };
 
-// A step's sequences by the tiles they take: `decodes`, one query each, the decode tiles, which read
-// the cache in place (in a mixed step too: a query tile would copy, or read, a decode's whole context
-// for one row); `prompts`, more than one, the query tiles. A sequence without queries takes neither.
+// A step's sequences by the tiles they take: `decodes`, fewer than kMinQuery queries each (a decode,
+// with the tokens speculated for it to verify), the decode tiles, which read the cache in place once
+// for all of a KV head's rows (a query tile would copy, or read, the whole context for a few rows);
+// `prompts`, kMinQuery or more, the query tiles. A sequence without queries takes neither.
 struct Split {
   std::vector<int64_t> decodes, prompts;
 };
@@ -52,8 +53,7 @@ inline Split split(const Step& step) {
   Split out;
   for (int64_t s = 0; s < step.sequences; ++s) {
     const int64_t queries = step.starts[s + 1] - step.starts[s];
-    if (queries == 1) out.decodes.push_back(s);
-    if (queries > 1) out.prompts.push_back(s);
+    if (queries > 0) (queries < kMinQuery ? out.decodes : out.prompts).push_back(s);
   }
   return out;
 }
@@ -91,8 +91,8 @@ inline void vllm_attention(const at::Tensor& query, const at::Tensor& key_cache,
 }
 
 // The step, if the kernel runs this call: every tensor of `dtype`, vLLM's `vec` layout with blocks
-// of a multiple of `keys` tokens, query rows on 32-bit boundaries, and a sequence of kMinQuery
-// queries or more, or one query in every sequence.
+// of a multiple of `keys` tokens, query rows on 32-bit boundaries, no sequence with more queries than
+// keys or more keys than its blocks hold.
 inline std::optional<Step> kernels_step(const at::Tensor& query, const at::Tensor& key_cache,
                                         const at::Tensor& value_cache, const at::Tensor& output,
                                         const at::Tensor& query_start_loc, const at::Tensor& seq_lens, bool causal,
@@ -121,16 +121,13 @@ inline std::optional<Step> kernels_step(const at::Tensor& query, const at::Tenso
   if (!ours) return std::nullopt;
   const Step step{query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), seq_lens.numel()};
   if (step.sequences > 0 && (step.starts[0] != 0 || step.starts[step.sequences] > query.size(0))) return std::nullopt;
-  bool long_query = false, decodes = step.sequences > 0;
   for (int64_t s = 0; s < step.sequences; ++s) {
     const int64_t queries = step.starts[s + 1] - step.starts[s];
     if (queries < 0 || queries > step.lengths[s] ||
         (step.lengths[s] + keys - 1) / keys * keys > block_table.size(1) * key_cache.size(2))
       return std::nullopt;
-    long_query = long_query || queries >= kMinQuery;
-    decodes = decodes && queries == 1;
   }
-  return long_query || decodes ? std::optional<Step>(step) : std::nullopt;
+  return step;
 }
 
 // A kernel's work on a step it runs, for one head size.
@@ -239,11 +236,15 @@ void merge(const Partial<D>* parts, int64_t count, T* out) {
   for (int j = 0; j < D; ++j) out[j] = static_cast<T>(total[j] / sum);
 }
 
-// The step's `decodes` (sequences of one query): one tile per sequence and KV head, its query heads
-// `Rows` at a time, its context in `decode_parts` parts. `tile(rows, query, query_stride, cache,
-// first, last, scale, scores, widest, softmax, total)` gives `rows` (a compile-time count) query
-// heads' softmaxes and undivided outputs over keys [first, last), `first` on a block's boundary,
-// with `scores` as scratch (row stride `widest`, indexed by key).
+// The step's `decodes` (sequences of fewer than kMinQuery queries): one tile per sequence and KV
+// head, whose rows are its query heads for each of the sequence's queries (query by query), `Rows`
+// at a time, its context in `decode_parts` parts. `tile(rows, queries, visible, cache, first, last,
+// scale, scores, widest, softmax, total)` gives `rows` (a compile-time count) rows' softmaxes and
+// undivided outputs over keys [first, last), row r's over those before `visible[r]` (its causal
+// mask: a part may hold none of them), `first` on a block's boundary, with `scores` as scratch (row
+// stride `widest`, indexed by key); row r's query at `queries[r]`. A row's bits do not depend on the
+// other rows of its tile: a verified token's outputs are those of decoding it alone, where its
+// context is cut in the same parts.
 template <typename T, int D, int Rows, typename DecodeTile>
 void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tensor& key_cache,
                     const at::Tensor& value_cache, const Step& step, const std::vector<int64_t>& decodes, float scale,
@@ -253,34 +254,46 @@ void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tenso
   const int64_t block_size = key_cache.size(2), tiles = sequences * kv_heads;
   const int64_t parts = decode_parts(tiles, at::get_num_threads()), items = tiles * parts;
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), items);
-  std::vector<Partial<D>> partials(parts > 1 ? sequences * heads * parts : 0);  // by decode, head, part
+  const auto queries = [&](int64_t d) { return step.starts[decodes[d] + 1] - step.starts[decodes[d]]; };
+  const auto out = [&](int64_t d, int64_t query_index, int64_t head) {
+    return output.data_ptr<T>() + (step.starts[decodes[d]] + query_index) * output.stride(0) + head * output.stride(1);
+  };
+  std::vector<int64_t> first_row(sequences + 1, 0);  // each decode's first in `partials`, rows by query and head
+  for (int64_t d = 0; d < sequences; ++d) first_row[d + 1] = first_row[d] + queries(d) * heads;
+  std::vector<Partial<D>> partials(parts > 1 ? first_row[sequences] * parts : 0);  // by row, part
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(Rows * widest);
     for (int64_t thread = begin; thread < end; ++thread)
       for (int64_t i = thread; i < items; i += threads) {
         const int64_t d = i / parts / kv_heads, g = i / parts % kv_heads, part = i % parts;
-        const int64_t s = decodes[d], count = step.lengths[s];
+        const int64_t s = decodes[d], count = step.lengths[s], rows = queries(d) * group;
         const int64_t blocks = (count + block_size - 1) / block_size;
         const int64_t first = part * blocks / parts * block_size;
         const int64_t last = std::min<int64_t>(count, (part + 1) * blocks / parts * block_size);
         const Cache<T> cache{key_cache.data_ptr<T>() + g * key_cache.stride(1),
                              value_cache.data_ptr<T>() + g * value_cache.stride(1), key_cache.stride(0),
                              block_table.data_ptr<int32_t>() + s * block_table.stride(0), block_size};
-        for (int64_t h = g * group; h < (g + 1) * group; h += Rows) {
-          const T* q = query.data_ptr<T>() + step.starts[s] * query.stride(0) + h * query.stride(1);
-          T* o = output.data_ptr<T>() + step.starts[s] * output.stride(0) + h * output.stride(1);
-          with_rows<Rows>(std::min<int64_t>(Rows, (g + 1) * group - h), [&](auto rows) {
-            constexpr int N = decltype(rows)::value;
+        for (int64_t r0 = 0; r0 < rows; r0 += Rows) {
+          with_rows<Rows>(std::min<int64_t>(Rows, rows - r0), [&](auto n) {
+            constexpr int N = decltype(n)::value;
+            const T* q[N];
+            int64_t visible[N], query_index[N], head[N];
+            for (int r = 0; r < N; ++r) {
+              query_index[r] = (r0 + r) / group, head[r] = g * group + (r0 + r) % group;
+              q[r] = query.data_ptr<T>() + (step.starts[s] + query_index[r]) * query.stride(0) + head[r] * query.stride(1);
+              visible[r] = count - queries(d) + 1 + query_index[r];
+            }
             Softmax softmax[N];
             alignas(64) float total[N][D] = {};
             for (int r = 0; r < N; ++r) softmax[r] = {-std::numeric_limits<float>::infinity(), 0};
-            if (first < last) tile(rows, q, query.stride(1), cache, first, last, scale, scores.data(), widest, softmax, total);
+            if (first < last) tile(n, q, visible, cache, first, last, scale, scores.data(), widest, softmax, total);
             for (int r = 0; r < N; ++r) {
               if (parts == 1) {
-                for (int j = 0; j < D; ++j) o[r * output.stride(1) + j] = static_cast<T>(total[r][j] / softmax[r].sum);
+                T* o = out(d, query_index[r], head[r]);
+                for (int j = 0; j < D; ++j) o[j] = static_cast<T>(total[r][j] / softmax[r].sum);
                 continue;
               }
-              Partial<D>& partial = partials[((d * heads) + h + r) * parts + part];
+              Partial<D>& partial = partials[(first_row[d] + query_index[r] * heads + head[r]) * parts + part];
               partial.softmax = softmax[r];
               std::copy(total[r], total[r] + D, partial.total);
             }
@@ -288,9 +301,9 @@ void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tenso
         }
       }
   });
-  for (int64_t row = 0; parts > 1 && row < sequences * heads; ++row)
-    merge<T, D>(&partials[row * parts], parts,
-                output.data_ptr<T>() + step.starts[decodes[row / heads]] * output.stride(0) + row % heads * output.stride(1));
+  for (int64_t d = 0; parts > 1 && d < sequences; ++d)
+    for (int64_t row = 0; row < queries(d) * heads; ++row)
+      merge<T, D>(&partials[(first_row[d] + row) * parts], parts, out(d, row / heads, row % heads));
 }
 
 }  // namespace llmopt_attention

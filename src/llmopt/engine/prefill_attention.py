@@ -1,11 +1,10 @@
 """llmopt's prefill attention kernels: causal attention over vLLM's paged KV cache, called where
-vLLM's CPU attention backend calls its kernel, on processors without AMX, for steps that carry a
-prompt (a sequence with 16 queries or more) and for decode-only steps (one query in every
-sequence); other steps, and anything a kernel does not do, go to vLLM's kernel, those of fewer
-than 16 tokens and not one a sequence before they leave Python. There are two, one per kernel
-library (`kernels`), registered as the same op with what they share in `prefill_attention.h` (the
-op, which calls are theirs, which of a step's sequences take the decode tiles, and how a step's
-tiles are shared among threads):
+vLLM's CPU attention backend calls its kernel, on processors without AMX: prompts (sequences of 16
+queries or more) in query tiles, decodes (fewer: one query, or one with the tokens speculative
+decoding has it verify) in decode tiles, in any mix; anything a kernel does not do goes to vLLM's
+kernel. There are two, one per kernel library (`kernels`), registered as the same op with what
+they share in `prefill_attention.h` (the op, which calls are theirs, which of a step's sequences
+take the decode tiles, and how a step's tiles are shared among threads):
 
 - `prefill_attention.cpp`, bf16 with AVX-512 BF16 dot products. Without AMX vLLM's kernel computes
   attention at the processor's fp32 rate: on the project's Zen 5 EPYC a quarter of bf16's
@@ -15,8 +14,8 @@ tiles are shared among threads):
   them, so its outputs are not vLLM's `vec` path's bits: against attention computed in float64
   they are no further off than vLLM's at their largest, 1.3-1.6x on average. Keeping P's rounding
   error out (P in two bf16 parts) cost a third of the gain and moved no perplexity measurably
-  (benchmarks/README.md, "prefill_attention.py"). Decodes (decode-only steps, and a prompt's step's
-  sequences of one query) read the cache in place, in fp32 from exact widenings of its bf16: a
+  (benchmarks/README.md, "prefill_attention.py"). Decodes (in any step, with their speculated
+  tokens' queries as more rows) read the cache in place, in fp32 from exact widenings of its bf16: a
   served step meets that cache cold, and vLLM's kernel read it at 12.5-13 GB/s on Zen 4 at batch 4
   and 8 over 700 tokens, this one at 20 (the next block fetched ahead while one is summed),
   1.55-1.58x; 1.09x output tokens/s served at batch 8 on 700-token prompts (`benchmarks/README.md`,
@@ -24,7 +23,7 @@ tiles are shared among threads):
 - `avx2_prefill_attention.cpp`, float32 with AVX2 FMA, on x86 without AVX-512 (served in float32):
   there vLLM's `vec` path spent a quarter of the same prefill at about 54 GFLOP/s, against 133 for
   the linear layers beside it (Zen 3, `step_profile.py`). It reads the cache in place and rounds
-  nothing below float32. It takes decode-only steps as well: there vLLM's kernel read the cold cache
+  nothing below float32. It takes decodes as well: there vLLM's kernel read the cold cache
   at 7-9 GB/s, under half of what the linear layers stream, and at 700 tokens of context took 4.5 ms
   of a batch-1 step and 30 of a batch-8 one (`benchmarks/cpu_attention.py`).
 
@@ -45,20 +44,24 @@ if TYPE_CHECKING:
     import torch
 
 ENV = "LLMOPT_PREFILL_ATTENTION"  # "1": the engine core's attention layers call it
-DECODES_LINE = "llmopt: its attention kernel for decode-only steps too"  # in the engine's log, where it applies
 BLOCK = 128  # vLLM's CPU block size
-MIN_QUERIES = kernels.ATTENTION_MIN_QUERIES  # a step is the kernel's when one of its sequences has this many queries
+MIN_QUERIES = kernels.ATTENTION_MIN_QUERIES  # a sequence of this many queries takes the query tiles, fewer the decode tiles
+# In the engine's log where it applies, at the first call of each kind (a prompt's step; a step of decodes)
+PROMPTS_LINE = f"llmopt: its attention kernel for steps of {MIN_QUERIES} tokens or more"
+DECODES_LINE = f"llmopt: its attention kernel for steps of fewer than {MIN_QUERIES} tokens"
 # Shapes a new build is checked on: SmolLM2-135M's heads, Qwen2.5-Coder-0.5B's and -1.5B's, and
 # groups of 2, 1 and 3 query heads a KV head (every row count of the bf16 decode tile); each
 # with (queries, sequence length) per request: a prompt, a prompt after a cached prefix, prompts
 # beside decodes (mixed steps: the decodes take the decode tiles, one alone cut in parts), short
 # ones; decodes alone, one decode (its context cut in parts where the KV heads do not share out
-# evenly among the threads), one over a single block, 16 decodes; and two 15-token chunks (handed
-# to vLLM's kernel by the kernel).
+# evenly among the threads), one over a single block, 16 decodes; decodes with speculated tokens to
+# verify (beside plain ones and a prompt; alone, cut in parts, the first rows seeing none of the last
+# part's keys); and two 15-token chunks (the decode tiles' most rows).
 CHECKED_HEADS = ((9, 3, 64), (14, 2, 64), (12, 2, 128), (4, 2, 64), (4, 4, 64), (6, 2, 128))
 CHECKED_REQUESTS = (((300, 300),), ((200, 700),), ((1, 500), (1, 90), (40, 40)), ((1, 1000), (20, 300), (1, 129)),
                     ((20, 300), (1, 900)), ((16, 16), (3, 130), (17, 33)), ((1, 800), (1, 129)), ((1, 1000),),
-                    ((1, 100),), ((1, 200),) * 16, ((15, 100), (15, 300)))
+                    ((1, 100),), ((1, 200),) * 16, ((4, 700), (1, 300), (4, 129), (2, 40)),
+                    ((4, 500), (1, 200), (40, 40)), ((4, 129),), ((3, 1000),), ((15, 100), (15, 300)))
 # Decodes whose first block's keys are `SPREAD` times the rest's, so that their scores span about
 # a hundred (alone, and beside a prompt): a softmax that does not shift by a row's largest score
 # overflows there.
@@ -90,7 +93,7 @@ def _install(path: str | Path) -> None:
 
     logger = init_logger("vllm.llmopt")
     kernels.load(path)
-    op, vllms = torch.ops.llmopt.prefill_attention.default, torch.ops._C.cpu_attention_with_kv_cache.default
+    op = torch.ops.llmopt.prefill_attention.default
 
     def attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, output: torch.Tensor,
                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, causal: bool,
@@ -98,17 +101,9 @@ def _install(path: str | Path) -> None:
                   scheduler_metadata: torch.Tensor, s_aux: torch.Tensor | None,
                   dynamic_causal: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
                   kv_cache_dtype: str = "auto") -> None:
-        if query.size(0) >= MIN_QUERIES:  # said once, by the process that runs the model
-            kernel = op
-            logger.info_once("llmopt: its prefill attention kernel for steps that carry a prompt")
-        elif query.size(0) == seq_lens.numel():  # a query a sequence (the kernel checks it)
-            kernel = op
-            logger.info_once(DECODES_LINE)
-        else:  # fewer tokens, not one a sequence: no sequence has that many queries
-            kernel = vllms
-        kernel(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal, alibi_slopes,
-               sliding_window, block_table, softcap, scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale,
-               kv_cache_dtype)
+        logger.info_once(PROMPTS_LINE if query.size(0) >= MIN_QUERIES else DECODES_LINE)  # by the model's process
+        op(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal, alibi_slopes, sliding_window,
+           block_table, softcap, scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale, kv_cache_dtype)
 
     attention.llmopt_prefill_attention = True  # type: ignore[attr-defined]  # so `attention_calls` calls it
     ops.cpu_attention_with_kv_cache = attention  # looked up by name at every call
@@ -167,8 +162,7 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
     the query a strided slice of a fused QKV, blocks in shuffled order, in the library's dtype
     (bf16; float32 for the AVX2 library's), each case on data of its own. Its outputs no further
     from the exact ones than vLLM's beyond what neither controls (`_disagrees`; NaN where a softmax
-    overflows); calls it hands over, and `HANDED_OVER`, vLLM's own bits (decodes are the kernel's
-    own, checked as prompts are). Raises AssertionError on the first that fails."""
+    overflows); `HANDED_OVER`, vLLM's own bits. Raises AssertionError on the first that fails."""
     import torch
     from vllm import _custom_ops as ops
 
@@ -214,8 +208,7 @@ def compare(path: str | Path, vllms: Callable[..., None]) -> int:
                     outputs.append(out.double())
                 theirs, ours = outputs
                 shape = (heads, kv_heads, head_size, requests, variant)
-                taken = max(queries for queries, _ in requests) >= MIN_QUERIES or all(queries == 1 for queries, _ in requests)
-                if variant or not taken:
+                if variant:
                     assert torch.equal(theirs, ours), shape
                 else:
                     exact, spread = _exact(query, key_cache, value_cache, table, starts, lengths, arguments["scale"])
