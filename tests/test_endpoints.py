@@ -207,7 +207,8 @@ def test_a_later_deploy_by_another_command_is_forked_from_the_homes_zygote_and_a
     with llmopt.deploy(smol.id, name="spawned", engine=SMALL_ENGINE) as spawned:
         assert psutil.Process(spawned.pid).parent().pid == os.getpid()
         assert spawned.start.outcome == "precompiled"
-        assert forked_imports + 5 < spawned.start.phases["server process and imports"]
+        # vLLM's server imports take 4-10 s on these machines (4.6 on Zen 5 on 2026-12-08); a forked one's none
+        assert forked_imports + 2 < spawned.start.phases["server process and imports"]
         assert client.chat(spawned.url, spawned.served_name, question, max_tokens=32).text == said
 
 

@@ -179,7 +179,7 @@ if torch.cpu._is_avx512_supported():
     variants.append({"kv_cache_dtype": "fp8_e4m3"})
 checked = 0
 for prefill_kernel in (False, True):
-    if prefill_kernel:  # steps that carry a prompt then go to llmopt's kernel, through either method
+    if prefill_kernel:  # steps then go to llmopt's attention kernel, through either method
         if sys.argv[1] != "1":
             break
         prefill_attention.use(kernels.build(platform.kernel_library(hw)))
@@ -240,7 +240,7 @@ def test_the_lean_attention_calls_give_vllms_bits() -> None:
     for each setting the kernels take from a layer (a sliding window, a soft cap, ALiBi, sinks, an
     FP8 cache with its scales): the KV cache and the outputs the lean methods leave are vLLM's
     methods' to the bit, with vLLM's kernel alone and, where it runs, with llmopt's prefill
-    attention taking the steps that carry a prompt; in the dtype llmopt serves in here."""
+    attention taking the steps; in the dtype llmopt serves in here."""
     applies = platform.prefill_attention_applies(HW)
     done = subprocess.run([sys.executable, "-c", LEAN_CALLS, "1" if applies else "0"], capture_output=True, text=True,
                           timeout=900)

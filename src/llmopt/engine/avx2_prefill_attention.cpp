@@ -18,8 +18,8 @@
 // read it at 7-9 GB/s on Zen 3 where the machine streams 20 (benchmarks/README.md,
 // "cpu_attention.py"): a score tile of 16 keys walks 64 lines 512 bytes apart. Here one tile is a
 // sequence's KV head with all its query heads (for each of its queries) as rows, so a key is read
-// once for the group, and each block is read front to back: all its keys of one dimension at a time
-// (the scores summed in L1, not in registers), then each token's values whole.
+// once for kDecodeRows rows, and each block is read front to back: all its keys of one dimension at
+// a time (the scores summed in L1, not in registers), then each token's values whole.
 // Where a step's tiles are few and do not share out evenly among the threads (batch 1), each
 // context is cut in parts of whole blocks, read on their own and merged as a split softmax.
 
@@ -41,7 +41,7 @@ using namespace llmopt_attention;
 
 constexpr int64_t kKeys = 16;     // keys a score tile covers (two vectors of 8)
 constexpr int kRows = 6;          // query rows sharing each loaded line of keys, and of values: 12 accumulators
-constexpr int kDecodeRows = 8;    // query heads of a group a decode tile takes at once
+constexpr int kDecodeRows = 8;    // rows (query heads of a sequence's queries) a decode tile takes at once
 constexpr int kValueVectors = 2;  // a head's values 16 dimensions at a time (single-threaded on Zen 3: 63
                                   // GFLOP/s, against 53-59 with two query rows or three over 32 dimensions)
 

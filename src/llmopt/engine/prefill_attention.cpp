@@ -19,11 +19,11 @@
 // step's weights stream through the caches between two layers), and vLLM's kernel read it at
 // 12.5-13 GB/s on Zen 4 at batch 4 and 8 where it read the same bytes hot at 31-33
 // (benchmarks/README.md, "cpu_attention.py"). One tile is a sequence's KV head with its query heads
-// (for each of its queries) as rows, so a key is read once for the group, and each block front to
-// back: all its keys of four dimensions at a time (the scores summed in L1), then each token's
-// values whole, the next block fetched while one is summed. At batch 1 each context is cut in parts
-// (`decode_parts`), merged as a split softmax. The AVX2 kernel (`avx2_prefill_attention.cpp`) does
-// the same in float32.
+// (for each of its queries) as rows, so a key is read once for kDecodeRows rows, and each block
+// front to back: all its keys of four dimensions at a time (the scores summed in L1), then each
+// token's values whole, the next block fetched while one is summed. At batch 1 each context is cut
+// in parts (`decode_parts`), merged as a split softmax. The AVX2 kernel
+// (`avx2_prefill_attention.cpp`) does the same in float32.
 //
 // vLLM's `vec` cache layout, per block and KV head: keys transposed, [head_size][block_size];
 // values as written, [block_size][head_size]. Anything this kernel does not do (sliding windows,

@@ -42,9 +42,11 @@ struct Step {
 };
 
 // A step's sequences by the tiles they take: `decodes`, fewer than kMinQuery queries each (a decode,
-// with the tokens speculated for it to verify), the decode tiles, which read the cache in place once
-// for all of a KV head's rows (a query tile would copy, or read, the whole context for a few rows);
-// `prompts`, kMinQuery or more, the query tiles. A sequence without queries takes neither.
+// with the tokens speculated for it to verify; or a prompt, or its last chunk, that short), the
+// decode tiles, which read the cache in place, `Rows` of a KV head's rows at a time (the first pass
+// from memory, the others from the processor's caches; a query tile would copy the whole context
+// for a few rows); `prompts`, kMinQuery or more, the query tiles. A sequence without queries takes
+// neither.
 struct Split {
   std::vector<int64_t> decodes, prompts;
 };
@@ -212,15 +214,15 @@ inline int64_t decode_parts(int64_t tiles, int64_t threads) {
   return tiles < 4 * threads ? threads / std::gcd(tiles, threads) : 1;
 }
 
-// One query head's part of a context cut in parts: its outputs over the part's keys, not yet
-// divided, with its softmax.
+// One row's part of a context cut in parts (a query head of one query): its outputs over the part's
+// keys, not yet divided, with its softmax.
 template <int D>
 struct Partial {
   Softmax softmax;
   float total[D];
 };
 
-// The outputs of a query head from its parts: each part's sum and outputs scaled to the largest
+// The outputs of a row from its parts: each part's sum and outputs scaled to the largest
 // shift of all (a part with no keys weighs nothing), then divided.
 template <typename T, int D>
 void merge(const Partial<D>* parts, int64_t count, T* out) {

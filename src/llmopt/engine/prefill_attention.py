@@ -1,8 +1,8 @@
 """llmopt's prefill attention kernels: causal attention over vLLM's paged KV cache, called where
 vLLM's CPU attention backend calls its kernel, on processors without AMX: prompts (sequences of 16
 queries or more) in query tiles, decodes (fewer: one query, or one with the tokens speculative
-decoding has it verify) in decode tiles, in any mix; anything a kernel does not do goes to vLLM's
-kernel. There are two, one per kernel library (`kernels`), registered as the same op with what
+decoding has it verify, or a prompt or chunk that short) in decode tiles, in any mix; anything a
+kernel does not do goes to vLLM's kernel. There are two, one per kernel library (`kernels`), registered as the same op with what
 they share in `prefill_attention.h` (the op, which calls are theirs, which of a step's sequences
 take the decode tiles, and how a step's tiles are shared among threads):
 
@@ -46,10 +46,11 @@ if TYPE_CHECKING:
 ENV = "LLMOPT_PREFILL_ATTENTION"  # "1": the engine core's attention layers call it
 BLOCK = 128  # vLLM's CPU block size
 MIN_QUERIES = kernels.ATTENTION_MIN_QUERIES  # a sequence of this many queries takes the query tiles, fewer the decode tiles
-# In the engine's log where it applies, at the first call of each kind (a prompt's step; a step of decodes)
+# In the engine's log where it applies, at the first call of each size (by the step's tokens)
 PROMPTS_LINE = f"llmopt: its attention kernel for steps of {MIN_QUERIES} tokens or more"
 DECODES_LINE = f"llmopt: its attention kernel for steps of fewer than {MIN_QUERIES} tokens"
-# Shapes a new build is checked on: SmolLM2-135M's heads, Qwen2.5-Coder-0.5B's and -1.5B's, and
+# Shapes a new build is checked on: SmolLM2-135M's heads, and at head size 128 (three KV heads: on
+# two threads a lone decode's context is cut in parts), Qwen2.5-Coder-0.5B's and -1.5B's, and
 # groups of 2, 1 and 3 query heads a KV head (every row count of the bf16 decode tile); each
 # with (queries, sequence length) per request: a prompt, a prompt after a cached prefix, prompts
 # beside decodes (mixed steps: the decodes take the decode tiles, one alone cut in parts), short
@@ -57,15 +58,15 @@ DECODES_LINE = f"llmopt: its attention kernel for steps of fewer than {MIN_QUERI
 # evenly among the threads), one over a single block, 16 decodes; decodes with speculated tokens to
 # verify (beside plain ones and a prompt; alone, cut in parts, the first rows seeing none of the last
 # part's keys); and two 15-token chunks (the decode tiles' most rows).
-CHECKED_HEADS = ((9, 3, 64), (14, 2, 64), (12, 2, 128), (4, 2, 64), (4, 4, 64), (6, 2, 128))
+CHECKED_HEADS = ((9, 3, 64), (9, 3, 128), (14, 2, 64), (12, 2, 128), (4, 2, 64), (4, 4, 64), (6, 2, 128))
 CHECKED_REQUESTS = (((300, 300),), ((200, 700),), ((1, 500), (1, 90), (40, 40)), ((1, 1000), (20, 300), (1, 129)),
                     ((20, 300), (1, 900)), ((16, 16), (3, 130), (17, 33)), ((1, 800), (1, 129)), ((1, 1000),),
                     ((1, 100),), ((1, 200),) * 16, ((4, 700), (1, 300), (4, 129), (2, 40)),
                     ((4, 500), (1, 200), (40, 40)), ((4, 129),), ((3, 1000),), ((15, 100), (15, 300)))
 # Decodes whose first block's keys are `SPREAD` times the rest's, so that their scores span about
-# a hundred (alone, and beside a prompt): a softmax that does not shift by a row's largest score
-# overflows there.
-WIDE_SCORES = (((1, 700),), ((1, 300), (1, 900)), ((1, 700), (20, 300)))
+# a hundred (alone, beside a prompt, verifying drafted tokens): a softmax that does not shift by a
+# row's largest score overflows there.
+WIDE_SCORES = (((1, 700),), ((1, 300), (1, 900)), ((1, 700), (20, 300)), ((4, 700), (1, 300)))
 SPREAD = 40.0
 # What it does not do, on a prompt: handed to vLLM's kernel with vLLM's bits out.
 HANDED_OVER = ({"sliding_window": 64}, {"softcap": 30.0})
@@ -117,7 +118,9 @@ def _disagrees(ours: torch.Tensor, theirs: torch.Tensor, exact: torch.Tensor, sp
     most seen over four draws of every case); and on top, two float32 roundings of the outputs'
     scale and one of the largest score (of size `spread`: it moves every exponential by about
     spread x eps, and each kernel sums its scores in its own order; with scores spanning about a
-    hundred that is 1e-5). On average: 2x vLLM's (bf16: 1.3-1.6x), 4x with such scores."""
+    hundred that is 1e-5). On average: 2x vLLM's (bf16: 1.3-1.6x); with such scores 4x, plus the
+    same roundings (whose order moves every output: the AVX2 kernel's mean read 5x vLLM's on one
+    decode at head size 128, 2.6e-7 of the outputs' scale)."""
     import torch
 
     ours_error, theirs_error = (ours - exact).abs(), (theirs - exact).abs()
@@ -125,7 +128,7 @@ def _disagrees(ours: torch.Tensor, theirs: torch.Tensor, exact: torch.Tensor, sp
     largest = (1.5 if exact_p else 2.0) * theirs_error.max().item() + rounding
     if not ours_error.max().item() <= largest:  # NaN fails too
         return f"largest error {ours_error.max().item():.3g}, allowed {largest:.3g}"
-    mean = (4.0 if wide else 2.0) * theirs_error.mean().item()
+    mean = 4.0 * theirs_error.mean().item() + rounding if wide else 2.0 * theirs_error.mean().item()
     if not ours_error.mean().item() <= mean:
         return f"mean error {ours_error.mean().item():.3g}, allowed {mean:.3g}"
     return None
