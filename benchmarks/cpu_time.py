@@ -19,13 +19,11 @@ import os
 import statistics
 import time
 from pathlib import Path
-from unittest import mock
 
 import llmopt
 import results_file
 from decode_profile import server_pids
-from engine_cpu_settings import LLMOPT, LLMOPT_ROW, ROWS
-from llmopt.engine import vllm
+from engine_cpu_settings import LLMOPT, LLMOPT_ROW, ROWS, environment_over
 
 MODEL = "smollm2-135m-instruct"
 LEVELS = {1: 8, 8: 32}  # concurrency -> requests
@@ -79,8 +77,7 @@ def _delta(before: dict, after: dict, pids: dict[str, int], tokens: int) -> dict
 
 def measure(label: str) -> dict:
     engine, env, once_ready = ROWS[label] if label in ROWS else (LLMOPT, {}, None)
-    chosen = vllm.environment
-    with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):
+    with environment_over(env):
         with llmopt.deploy(MODEL, engine=engine) as endpoint:
             if once_ready:
                 once_ready(endpoint.pid)

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -158,13 +159,20 @@ def renice_api_server(pid: int, niceness: int) -> None:
             continue
 
 
+@contextlib.contextmanager
+def environment_over(env: dict[str, str]) -> Iterator[None]:
+    """Deployments started inside get `env` on top of the environment llmopt sets for vLLM."""
+    chosen = vllm.environment
+    with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):
+        yield
+
+
 def deploy_and_measure(label: str, engine: EngineConfig | None, env: dict[str, str], once_ready: Callable[[int], None] | None,
                        model: str = "smollm2-135m-instruct", after_level: Callable[[int], dict] | None = None,
                        workload: str = WORKLOAD) -> dict:
     """One deployment's row (`engine` None: an artifact's own settings): each of `LEVELS` in turn, and what
     `after_level` adds after each."""
-    chosen = vllm.environment
-    with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):  # over what llmopt sets
+    with environment_over(env):
         with llmopt.deploy(model, engine=engine) as endpoint:
             if once_ready:
                 once_ready(endpoint.pid)

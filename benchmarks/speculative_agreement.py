@@ -16,30 +16,22 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from unittest import mock
-
-import httpx
 
 import llmopt
 import results_file
-from llmopt.engine import kernels, platform, vllm
+from engine_cpu_settings import environment_over
+from llmopt import client
+from llmopt.engine import kernels, platform
 from llmopt.evaluation import workload
 
 
 def answers(model: str, library: str | None, requests: list[workload.Request]) -> list[str]:
     """Greedy answers from one deployment of `model`, with the kernel library at `library` if given."""
-    chosen = vllm.environment
-    env = {kernels.LIBRARY_ENV: library} if library else {}
-    with mock.patch.object(vllm, "environment", lambda *args: chosen(*args) | env):  # over what llmopt sets
+    with environment_over({kernels.LIBRARY_ENV: library} if library else {}):
         with llmopt.deploy(model) as endpoint:
-            texts = []
-            for request in requests:
-                reply = httpx.post(f"{endpoint.url}/v1/chat/completions",
-                                   json={"model": endpoint.served_name, "messages": list(request.messages),
-                                         "max_tokens": request.max_tokens, "temperature": 0}, timeout=600)
-                reply.raise_for_status()
-                texts.append(reply.json()["choices"][0]["message"]["content"])
-            return texts
+            # a built-in QA request is one user message
+            return [client.chat(endpoint.url, endpoint.served_name, request.messages[0]["content"],
+                                max_tokens=request.max_tokens, timeout_s=600).text for request in requests]
 
 
 def main() -> None:

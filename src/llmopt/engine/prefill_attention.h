@@ -256,9 +256,11 @@ void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tenso
   const int64_t block_size = key_cache.size(2), tiles = sequences * kv_heads;
   const int64_t parts = decode_parts(tiles, at::get_num_threads()), items = tiles * parts;
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), items);
+  const T* const q0 = query.data_ptr<T>();
+  T* const o0 = output.data_ptr<T>();
   const auto queries = [&](int64_t d) { return step.starts[decodes[d] + 1] - step.starts[decodes[d]]; };
   const auto out = [&](int64_t d, int64_t query_index, int64_t head) {
-    return output.data_ptr<T>() + (step.starts[decodes[d]] + query_index) * output.stride(0) + head * output.stride(1);
+    return o0 + (step.starts[decodes[d]] + query_index) * output.stride(0) + head * output.stride(1);
   };
   std::vector<int64_t> first_row(sequences + 1, 0);  // each decode's first in `partials`, rows by query and head
   for (int64_t d = 0; d < sequences; ++d) first_row[d + 1] = first_row[d] + queries(d) * heads;
@@ -282,7 +284,7 @@ void attend_decodes(at::Tensor& output, const at::Tensor& query, const at::Tenso
             int64_t visible[N], query_index[N], head[N];
             for (int r = 0; r < N; ++r) {
               query_index[r] = (r0 + r) / group, head[r] = g * group + (r0 + r) % group;
-              q[r] = query.data_ptr<T>() + (step.starts[s] + query_index[r]) * query.stride(0) + head[r] * query.stride(1);
+              q[r] = q0 + (step.starts[s] + query_index[r]) * query.stride(0) + head[r] * query.stride(1);
               visible[r] = count - queries(d) + 1 + query_index[r];
             }
             Softmax softmax[N];
